@@ -1,0 +1,81 @@
+"""Fake views of a user's model and inputs: same shapes, dtypes and aliasing, no data, no copies.
+
+Every profiling pass runs on these.  Parameters and buffers become fake tensors through
+``FakeTensorMode.from_tensor`` (a metadata copy; the data is never read), and the module runs with
+them through ``torch.func.functional_call``, so the user's module and tensors are left untouched.
+Meta tensors (a model moved to meta, ``torch.rand(..., device="meta")`` inputs) become fake tensors
+on the device the step would really run on, so dispatch picks the same kernels as a real run (on
+the CPU, ``scaled_dot_product_attention`` is the flash kernel, on meta it would be the math path).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+__all__ = ["FakeSession", "target_device", "module_of"]
+
+
+def module_of(fn: Callable[..., Any]) -> torch.nn.Module | None:
+    """The module whose state ``fn`` uses: ``fn`` itself, or the owner of a bound method."""
+    if isinstance(fn, torch.nn.Module):
+        return fn
+    owner = getattr(fn, "__self__", None)
+    return owner if isinstance(owner, torch.nn.Module) else None
+
+
+def target_device(tensors: Iterable[torch.Tensor]) -> torch.device:
+    """The device a real step would use: the first non-meta device seen, else the CPU."""
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            return t.device
+    return torch.device("cpu")
+
+
+@dataclass
+class FakeSession:
+    """One FakeTensorMode plus the conversions into it, memoized so aliasing is preserved."""
+
+    device: torch.device
+    mode: FakeTensorMode = field(default_factory=lambda: FakeTensorMode(allow_non_fake_inputs=True))
+    # id(real) -> (real, fake): holding the real tensor keeps its id from being reused.
+    _memo: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+    @classmethod
+    def for_call(cls, module: torch.nn.Module | None, args: Any, kwargs: Any = None) -> "FakeSession":
+        state = [] if module is None else [*module.parameters(), *module.buffers()]
+        flat, _ = tree_flatten((args, kwargs or {}))
+        return cls(target_device([*state, *flat]))
+
+    def tensor(self, t: torch.Tensor) -> torch.Tensor:
+        """A fake twin of ``t`` with the same size, strides, dtype and requires_grad; no data."""
+        if isinstance(t, torch._subclasses.FakeTensor):
+            return t
+        memo = self._memo.get(id(t))
+        if memo is not None:
+            return memo[1]
+        if t.device.type == "meta":
+            with self.mode:
+                fake = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=self.device)
+            fake.requires_grad_(t.requires_grad)
+        else:
+            fake = self.mode.from_tensor(t, static_shapes=True)
+        self._memo[id(t)] = (t, fake)
+        return fake
+
+    def tree(self, tree: Any) -> Any:
+        return tree_map(lambda x: self.tensor(x) if isinstance(x, torch.Tensor) else x, tree)
+
+    def state(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """Fake parameters and buffers by fully qualified name (tied names map to one fake)."""
+        named = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
+        return {name: self.tensor(t) for name, t in named}
+
+
+def call_with_state(module: torch.nn.Module, state: dict[str, torch.Tensor], args: tuple, kwargs: dict) -> Any:
+    """Run ``module`` with ``state`` in place of its parameters and buffers; the module is restored after."""
+    return torch.func.functional_call(module, state, args, kwargs, tie_weights=True, strict=False)

@@ -1,0 +1,177 @@
+"""Model specs for the CLI and benchmarks: build a model and example inputs from one string.
+
+``torchvision:resnet50``                 a torchvision model, random weights, 3x224x224 images
+``transformers:gpt2``                    GPT-2/BERT/Llama/ViT from a config, random weights, nothing downloaded
+``transformers:gpt2:layers=6,width=512,seq=256``   options after a second colon
+``transformers:gpt2-medium``             24 layers, width 1024, 16 heads, seq 1024
+``package.module:factory``               ``factory(batch=N)`` returning ``(model, example_inputs)``
+``mlp``                                  the built-in default: a small residual MLP with dropout
+
+Weights are always freshly initialized: remat never downloads or copies a user's weights.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["Workload", "build", "DEFAULT_SPEC", "ResidualMLP"]
+
+DEFAULT_SPEC = "mlp"
+
+
+@dataclass
+class Workload:
+    """A model with example inputs; ``shared_inputs`` names inputs that may cross any stage cut."""
+
+    name: str
+    model: nn.Module
+    inputs: tuple[Any, ...]
+    shared_inputs: tuple[str, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+class ResidualMLP(nn.Module):
+    """The built-in default model: residual MLP blocks with LayerNorm and Dropout(0.2)."""
+
+    def __init__(self, width: int = 512, depth: int = 8, classes: int = 10, p: float = 0.2) -> None:
+        super().__init__()
+        self.inp = nn.Linear(width, width)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(width), nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+            for _ in range(depth)
+        )
+        self.drop = nn.Dropout(p)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for block in self.blocks:
+            x = self.drop(x + block(x))
+        return self.head(x)
+
+
+def _options(text: str) -> dict[str, str]:
+    if not text:
+        return {}
+    pairs = [p.split("=", 1) for p in text.split(",") if p]
+    bad = [p[0] for p in pairs if len(p) != 2]
+    if bad:
+        raise ValueError(f"model options must be key=value, got {bad}")
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def _input_device(meta: bool) -> str:
+    return "meta" if meta else "cpu"
+
+
+def _torchvision(name: str, batch: int, meta_inputs: bool) -> Workload:
+    try:
+        import torchvision
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("torchvision specs need torchvision: pip install 'remat[vision]'") from e
+    kwargs: dict[str, Any] = {"weights": None}
+    if name in ("inception_v3", "googlenet"):
+        kwargs["init_weights"] = False  # the scipy-based init is slow and irrelevant to memory
+        kwargs["aux_logits"] = False
+    model = torchvision.models.get_model(name, **kwargs)
+    size = 299 if name == "inception_v3" else 224
+    gen = torch.Generator().manual_seed(0)
+    if meta_inputs:
+        x = torch.empty(batch, 3, size, size, device="meta")
+    else:
+        x = torch.rand(batch, 3, size, size, generator=gen)
+    return Workload(f"torchvision:{name}", model, (x,))
+
+
+_HF_PRESETS = {
+    "gpt2": dict(layers=4, width=256, heads=4, seq=128),
+    "gpt2-medium": dict(layers=24, width=1024, heads=16, seq=1024),
+    "bert": dict(layers=4, width=256, heads=4, seq=128),
+    "llama": dict(layers=4, width=256, heads=4, seq=128),
+    "vit": dict(layers=4, width=256, heads=4, seq=0),
+}
+
+
+def _transformers(name: str, batch: int, meta_inputs: bool, opts: dict[str, str]) -> Workload:
+    try:
+        import transformers
+    except ImportError as e:  # pragma: no cover
+        raise ImportError("transformers specs need transformers: pip install 'remat[hf]'") from e
+    if name not in _HF_PRESETS:
+        raise ValueError(f"unknown transformers model {name!r}; choose one of {sorted(_HF_PRESETS)}")
+    cfg = {**_HF_PRESETS[name], **{k: int(v) for k, v in opts.items()}}
+    layers, width, heads, seq = cfg["layers"], cfg["width"], cfg["heads"], cfg["seq"]
+    common = dict(attn_implementation="sdpa")
+    gen = torch.Generator().manual_seed(0)
+    device = _input_device(meta_inputs)
+    shared: tuple[str, ...] = ()
+    if name.startswith("gpt2"):
+        config = transformers.GPT2Config(n_layer=layers, n_embd=width, n_head=heads, n_positions=max(seq, 1024),
+                                         use_cache=False, **common)
+        model = transformers.GPT2LMHeadModel(config)
+    elif name == "bert":
+        config = transformers.BertConfig(num_hidden_layers=layers, hidden_size=width, num_attention_heads=heads,
+                                         intermediate_size=4 * width, max_position_embeddings=max(seq, 512), **common)
+        model = transformers.BertForMaskedLM(config)
+    elif name == "llama":
+        config = transformers.LlamaConfig(num_hidden_layers=layers, hidden_size=width, num_attention_heads=heads,
+                                          num_key_value_heads=heads, intermediate_size=4 * width,
+                                          max_position_embeddings=max(seq, 2048), vocab_size=32000, use_cache=False,
+                                          **common)
+        model = transformers.LlamaForCausalLM(config)
+    else:  # vit
+        config = transformers.ViTConfig(num_hidden_layers=layers, hidden_size=width, num_attention_heads=heads,
+                                        intermediate_size=4 * width, image_size=224, patch_size=16, **common)
+        model = transformers.ViTForImageClassification(config)
+        x = (torch.empty(batch, 3, 224, 224, device="meta") if meta_inputs
+             else torch.rand(batch, 3, 224, 224, generator=gen))
+        return Workload(f"transformers:{name}", model, (x,))
+    vocab = config.vocab_size
+    if meta_inputs:
+        ids = torch.empty(batch, seq, dtype=torch.long, device=device)
+    else:
+        ids = torch.randint(0, vocab, (batch, seq), generator=gen)
+    inputs: tuple[Any, ...] = (ids,)
+    if name == "bert":
+        mask = torch.ones(batch, seq, dtype=torch.long, device=device)
+        inputs = (ids, mask)
+        shared = ("attention_mask",)
+    return Workload(f"transformers:{name}", model, inputs, shared)
+
+
+def _factory(module: str, attr: str, batch: int) -> Workload:
+    factory = getattr(importlib.import_module(module), attr)
+    built = factory(batch=batch)
+    if isinstance(built, nn.Module):
+        raise TypeError(f"{module}:{attr} returned only a model; return (model, example_inputs)")
+    model, inputs = built
+    return Workload(f"{module}:{attr}", model, tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,))
+
+
+def build(spec: str = DEFAULT_SPEC, batch: int = 4, *, meta_inputs: bool = False, seed: int = 0) -> Workload:
+    """Build the model a spec names, with example inputs of batch size ``batch``.
+
+    ``meta_inputs=True`` puts the inputs on the meta device (for profiling big batches with no
+    memory); the model itself is always a normal CPU model with random weights.
+    """
+    torch.manual_seed(seed)
+    if spec in ("mlp", "default"):
+        model = ResidualMLP()
+        x = torch.empty(batch, 512, device="meta") if meta_inputs else torch.randn(batch, 512)
+        return Workload("mlp", model, (x,))
+    head, _, rest = spec.partition(":")
+    if not rest:
+        raise ValueError(f"model spec {spec!r} must look like 'torchvision:resnet50', "
+                         "'transformers:gpt2' or 'package.module:factory'")
+    name, _, opts = rest.partition(":")
+    if head == "torchvision":
+        if opts:
+            raise ValueError("torchvision specs take no options")
+        return _torchvision(name, batch, meta_inputs)
+    if head == "transformers":
+        return _transformers(name, batch, meta_inputs, _options(opts))
+    return _factory(head, name, batch)
