@@ -72,3 +72,5 @@ register_zero(
     "index_copy index_copy_ scatter scatter_ _pin_memory _foreach_copy_ unfold_backward",
     "moves, copies, gathers or creates data: no arithmetic",
 )
+register_zero("as_strided_ squeeze_ unsqueeze_ t_ transpose_ swapdims_ detach_ _unsafe_set_version_counter",
+              "in-place view: changes sizes or strides only")
