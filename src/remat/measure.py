@@ -1,0 +1,116 @@
+"""Real peak memory of one training step, as DESIGN.md defines it.
+
+Peak = bytes resident before the step (parameters, buffers, inputs) + the highest amount allocated
+during the step above that.  On the CPU the amount comes from the allocator's own events
+(``torch.profiler`` with ``profile_memory=True``: the running sum of every ``[memory]`` record); on
+CUDA from ``torch.cuda.max_memory_allocated()`` after ``reset_peak_memory_stats()``.
+
+A real step writes ``.grad`` and updates BatchNorm statistics; ``measure_peak`` puts both back, so
+the caller's model leaves it as it came in.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from .step import loss_of
+
+__all__ = ["measure_peak", "resident_bytes", "unique_storage_bytes"]
+
+
+def unique_storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (views and tied weights count once)."""
+    seen: dict[tuple[str, int], int] = {}
+    for t in tensors:
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            continue
+        st = t.untyped_storage()
+        seen[(str(t.device), st.data_ptr() or id(st))] = st.nbytes()
+    return sum(seen.values())
+
+
+def resident_bytes(model: torch.nn.Module, args: Any, kwargs: Any = None) -> int:
+    flat, _ = tree_flatten((args, kwargs or {}))
+    return unique_storage_bytes([*model.parameters(), *model.buffers(), *flat])
+
+
+@contextmanager
+def _restored(model: torch.nn.Module) -> Iterator[None]:
+    """Run a real step and put back every .grad and buffer as it was."""
+    grads = {p: p.grad for p in model.parameters()}
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    for p in grads:
+        p.grad = None
+    try:
+        yield
+    finally:
+        for p, g in grads.items():
+            p.grad = g
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                b.copy_(buffers[name])
+
+
+def _step(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    loss = loss_of(model(*args, **kwargs))
+    if loss is not None:
+        loss.backward()
+    del loss
+    for p in model.parameters():
+        p.grad = None
+
+
+def _cpu_peak_above(model: torch.nn.Module, args: tuple, kwargs: dict) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        loss = loss_of(model(*args, **kwargs))
+        if loss is not None:
+            loss.backward()
+        del loss
+    running = peak = 0
+    for event in prof.profiler.kineto_results.events():
+        if event.name() == "[memory]" and event.device_type() == torch.autograd.DeviceType.CPU:
+            running += event.nbytes()
+            peak = max(peak, running)
+    return peak
+
+
+def _cuda_peak_above(model: torch.nn.Module, args: tuple, kwargs: dict, device: torch.device) -> int:
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    loss = loss_of(model(*args, **kwargs))
+    if loss is not None:
+        loss.backward()
+    del loss
+    torch.cuda.synchronize(device)
+    return max(0, torch.cuda.max_memory_allocated(device) - before)
+
+
+def measure_peak(model: torch.nn.Module, example_inputs: Any, kwargs: dict | None = None, *,
+                 warmup: int = 1) -> int:
+    """Measured peak bytes of one real training step of ``model`` (DESIGN.md's definition).
+
+    ``warmup`` unmeasured steps run first so lazily built kernels and caches are not counted.
+    """
+    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    kwargs = kwargs or {}
+    flat, _ = tree_flatten((args, kwargs))
+    tensors = [t for t in [*model.parameters(), *model.buffers(), *flat] if isinstance(t, torch.Tensor)]
+    if any(t.device.type == "meta" for t in tensors):
+        raise ValueError("measure_peak runs a real step: the model and inputs must not be on the meta device")
+    device = next((t.device for t in tensors if t.device.type == "cuda"), torch.device("cpu"))
+    with _restored(model):
+        for _ in range(warmup):
+            _step(model, args, kwargs)
+        resident = resident_bytes(model, args, kwargs)
+        if device.type == "cuda":
+            above = _cuda_peak_above(model, args, kwargs, device)
+        else:
+            above = _cpu_peak_above(model, args, kwargs)
+    return resident + above

@@ -1,0 +1,104 @@
+"""Storage lifetimes on fake tensors: the simulated allocator behind every memory prediction.
+
+A storage is allocated when an op first returns a tensor on it and freed when its last Python or
+autograd reference dies (a weakref finalizer on the storage object, which PyTorch keeps unique per
+storage).  Views and in-place results land on known storages and cost nothing, exactly as in a
+real run.  Storages that exist before the step (parameters, buffers, inputs) are resident and are
+never counted as allocations.
+"""
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["StorageTracker", "storages_of", "storage_key"]
+
+
+def storage_key(t: torch.Tensor) -> int:
+    return id(t.untyped_storage())
+
+
+def storages_of(out: Any) -> list[torch.UntypedStorage]:
+    """The storages of every tensor in an op's output (tuple/list outputs included)."""
+    if isinstance(out, torch.Tensor):
+        return [out.untyped_storage()]
+    if isinstance(out, (tuple, list)):
+        found: list[torch.UntypedStorage] = []
+        for o in out:
+            if isinstance(o, torch.Tensor):
+                found.append(o.untyped_storage())
+            elif isinstance(o, (tuple, list)):
+                found.extend(storages_of(o))
+        return found
+    return []
+
+
+@dataclass
+class StorageTracker:
+    """Running total and peak of live storage bytes, in allocation order."""
+
+    current: int = 0
+    peak: int = 0
+    _live: dict[int, int] = field(default_factory=dict)  # id(storage) -> bytes
+    _resident: set[int] = field(default_factory=set)
+    _window_peak: int = 0  # peak since the last mark(), for per-node temporaries
+
+    def mark_resident(self, tensors: Iterable[torch.Tensor]) -> None:
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                self._resident.add(storage_key(t))
+
+    def is_known(self, t: torch.Tensor) -> bool:
+        key = storage_key(t)
+        return key in self._live or key in self._resident
+
+    def allocate(self, storages: Iterable[torch.UntypedStorage]) -> int:
+        """Register new storages; returns the bytes newly allocated."""
+        added = 0
+        for st in storages:
+            key = id(st)
+            if key in self._live or key in self._resident:
+                continue
+            nbytes = st.nbytes()
+            self._live[key] = nbytes
+            weakref.finalize(st, self._free, key)
+            added += nbytes
+        if added:
+            self._bump(added)
+        return added
+
+    def transient(self, nbytes: int) -> None:
+        """Memory a kernel allocates and frees inside one op (workspaces): raises the peak only."""
+        if nbytes > 0:
+            self._bump(nbytes)
+            self.current -= nbytes
+
+    def _bump(self, nbytes: int) -> None:
+        self.current += nbytes
+        if self.current > self.peak:
+            self.peak = self.current
+        if self.current > self._window_peak:
+            self._window_peak = self.current
+
+    def _free(self, key: int) -> None:
+        nbytes = self._live.pop(key, None)
+        if nbytes is not None:
+            self.current -= nbytes
+
+    def mark(self) -> int:
+        """Start a window for ``window_peak``; returns the current total."""
+        self._window_peak = self.current
+        return self.current
+
+    @property
+    def window_peak(self) -> int:
+        return self._window_peak
+
+    def live_bytes(self, tensors: Iterable[torch.Tensor]) -> int:
+        """Bytes of the distinct tracked (non-resident) storages behind ``tensors``."""
+        keys = {storage_key(t) for t in tensors if isinstance(t, torch.Tensor)}
+        return sum(self._live.get(k, 0) for k in keys)

@@ -1,0 +1,83 @@
+"""Whole-step simulation: run DESIGN.md's training step on fake tensors and follow every storage.
+
+The prediction is the peak of the simulated allocator (``StorageTracker``) plus the resident bytes,
+the same definition ``measure_peak`` measures on a real run.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from ..fake import FakeSession, module_of
+from ..measure import unique_storage_bytes
+from ..step import loss_of, reparametrized
+from .memory import StorageTracker, storages_of
+from .workspace import workspace_bytes
+
+__all__ = ["StepMemory", "MemoryMode", "simulate_step"]
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """Predicted memory of one training step, in bytes."""
+
+    resident: int  # parameters, buffers and inputs, alive before the step
+    peak_above: int  # highest simulated allocation above the resident bytes
+    grad_bytes: int  # gradients alive at the end of the step
+
+    @property
+    def peak(self) -> int:
+        return self.resident + self.peak_above
+
+
+class MemoryMode(TorchDispatchMode):
+    """Registers every op's new output storages and its backend workspace with a tracker."""
+
+    def __init__(self, tracker: StorageTracker) -> None:
+        super().__init__()
+        self.tracker = tracker
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.tracker.allocate(storages_of(out))
+        self.tracker.transient(workspace_bytes(func, args, kwargs, out))
+        return out
+
+
+def simulate_step(fn: Callable[..., Any], args: tuple, kwargs: dict | None = None) -> StepMemory:
+    """Predict the peak of one training step of ``fn`` (a module, or a callable using one)."""
+    module = module_of(fn)
+    session = FakeSession.for_call(module, args, kwargs)
+    state = session.state(module) if module is not None else {}
+    fargs, fkwargs = session.tree(tuple(args)), session.tree(kwargs or {})
+    flat, _ = tree_flatten((fargs, fkwargs))
+    resident_tensors = [*state.values(), *(t for t in flat if isinstance(t, torch.Tensor))]
+    tracker = StorageTracker()
+    tracker.mark_resident(resident_tensors)
+    with session.mode, reparametrized(module, state):
+        with MemoryMode(tracker):
+            loss = loss_of(fn(*fargs, **fkwargs))
+            if loss is not None:
+                loss.backward()
+            del loss
+        grads = [t.grad for t in state.values() if t.grad is not None]
+        grad_bytes = unique_storage_bytes_fake(grads)
+    return StepMemory(unique_storage_bytes_fake(resident_tensors), tracker.peak, grad_bytes)
+
+
+def unique_storage_bytes_fake(tensors: list[torch.Tensor]) -> int:
+    """Bytes of distinct storages, for fake tensors (which have no data pointer)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        st = t.untyped_storage()
+        seen[id(st)] = st.nbytes()
+    return sum(seen.values())
+
+
+_ = unique_storage_bytes  # real-tensor twin, in measure.py

@@ -1,0 +1,165 @@
+"""Memory a real CPU kernel allocates inside one op that no aten output shows.
+
+The simulated allocator sees each op's outputs; the real one also sees the kernel's scratch
+buffers, which raise the peak while the op runs.  We model the ones that matter on the CPU,
+each measured against the allocator's own events (``benchmarks/memory.py`` and the tests):
+
+* convolution (oneDNN): source and weight reorders into blocked layouts live while the primitive
+  runs, and each result is produced in a blocked buffer and then copied out to a dense tensor.
+* convolution_backward: the same for the data gradient (grad_output and weight reordered), then
+  for the weight gradient (input and grad_output reordered), the input gradient already alive.
+* mm/addmm/bmm/baddbmm: an operand BLAS cannot read through strides (e.g. an expanded gradient
+  with a zero stride) is first copied to a contiguous buffer.
+* native_batch_norm_backward: one input-sized buffer for the normalized input.
+* native_layer_norm (forward and backward): non-contiguous operands are copied first.
+* channels-last convolutions run without reorders; the depthwise weight gradient with a kernel of
+  5 or more uses a C·kh·kw·256-element reduction scratch.
+
+The function returns the extra bytes above the op's outputs at the op's internal peak.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["workspace_bytes"]
+
+aten = torch.ops.aten
+
+
+def _nbytes(t: Any) -> int:
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+def _blocked(t: torch.Tensor) -> int:
+    """Bytes of ``t`` in oneDNN's blocked layout: channels (dim 1) padded to a multiple of 16."""
+    if t.dim() < 3:
+        return _nbytes(t)
+    channels = t.shape[1]
+    return _nbytes(t) // max(channels, 1) * (-(-channels // 16) * 16)
+
+
+def _src_reorder(x: torch.Tensor) -> int:
+    """oneDNN keeps an input with few channels (an RGB image) in the plain layout."""
+    return _blocked(x) if x.shape[1] >= 8 else 0
+
+
+def _copy_if_strided(t: torch.Tensor) -> int:
+    """Non-contiguous operands are made contiguous before the primitive runs."""
+    return 0 if t.is_contiguous() else _nbytes(t)
+
+
+def _strided(stride: Any) -> bool:
+    return any(s > 1 for s in stride) if isinstance(stride, (list, tuple)) else stride > 1
+
+
+def _channels_last(t: torch.Tensor) -> bool:
+    """A channels-last input: oneDNN computes in that layout directly, with no reorders."""
+    return t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
+
+
+def _conv_forward(args: tuple, kwargs: dict, out: Any) -> int:
+    x, w, stride = args[0], args[1], args[3]
+    transposed, groups = args[6], args[8]
+    if transposed:
+        return 0
+    if _channels_last(x):
+        return (1 if groups > 1 else 2) * _nbytes(w)  # only the weight is reordered (dense: twice)
+    y = _nbytes(out)
+    # (src reorder, weight reorder, blocked output) while the primitive runs, then blocked + dense;
+    # a strided 1x1 convolution also takes a scratch buffer of a quarter of the output
+    scratch = y // 4 if groups == 1 and _strided(stride) and all(k == 1 for k in w.shape[2:]) else 0
+    blocked_y = _blocked(out)
+    peak = _copy_if_strided(x) + max(scratch + _src_reorder(x) + _nbytes(w) + blocked_y, blocked_y + y)
+    return peak - y
+
+
+def _conv_backward(args: tuple, kwargs: dict, out: Any) -> int:
+    grad_out, x, w, stride = args[0], args[1], args[2], args[4]
+    transposed, groups, mask = args[7], args[9], args[10]
+    if transposed:
+        return 0
+    go, xi, wb = _nbytes(grad_out), _nbytes(x), _nbytes(w)
+    gi = xi if mask[0] else 0
+    gw = wb if mask[1] else 0
+    new = sum(_nbytes(o) for o in out if isinstance(o, torch.Tensor))
+    if _channels_last(x):
+        # no reorders; a depthwise weight gradient with a kernel of 5 or more reduces through a
+        # scratch of C*kh*kw*256 elements (measured with oneDNN on x86, independent of batch and threads)
+        depthwise = groups > 1 and groups == x.shape[1] and w.shape[1] == 1
+        big = all(k >= 5 for k in w.shape[2:])
+        scratch = x.shape[1] * w[0].numel() * 256 * w.element_size() if mask[1] and depthwise and big else 0
+        return max((1 if groups > 1 else 3) * _nbytes(w), scratch)
+    base = _copy_if_strided(grad_out) + _copy_if_strided(x)
+    peak = 0
+    if mask[0]:
+        # grad_output and weight reordered, blocked grad_input, then copied out (a strided
+        # dense convolution scatters through one more input-sized buffer)
+        blocked_gi = _blocked(x)
+        extra = gi if _strided(stride) and groups == 1 else 0
+        peak = max(_blocked(grad_out) + wb + blocked_gi, blocked_gi + gi + extra)
+    if mask[1]:
+        peak = max(peak, gi + max(_src_reorder(x) + _blocked(grad_out) + gw, 2 * gw))
+    return max(0, base + peak - new)
+
+
+def _blas_ok(t: torch.Tensor) -> bool:
+    """Can BLAS read this matrix (or batch of matrices) through its strides, as is or transposed?"""
+    if t.dim() < 2:
+        return True
+    rows, cols = t.shape[-2], t.shape[-1]
+    s_rows, s_cols = t.stride()[-2], t.stride()[-1]
+    if t.dim() == 3 and t.shape[0] > 1 and t.stride()[0] == 0:
+        return False
+    return (s_cols == 1 and s_rows >= max(1, cols)) or (s_rows == 1 and s_cols >= max(1, rows))
+
+
+def _matmul_copies(*operands: Any) -> int:
+    return sum(_nbytes(t) for t in operands if isinstance(t, torch.Tensor) and not _blas_ok(t))
+
+
+def _mm(args: tuple, kwargs: dict, out: Any) -> int:
+    return _matmul_copies(args[0], args[1])
+
+
+def _addmm(args: tuple, kwargs: dict, out: Any) -> int:
+    return _matmul_copies(args[1], args[2])
+
+
+def _layer_norm(args: tuple, kwargs: dict, out: Any) -> int:
+    return _copy_if_strided(args[0])
+
+
+def _layer_norm_backward(args: tuple, kwargs: dict, out: Any) -> int:
+    return _copy_if_strided(args[0]) + _copy_if_strided(args[1])
+
+
+def _batch_norm_backward(args: tuple, kwargs: dict, out: Any) -> int:
+    train = args[7] if len(args) > 7 else True
+    return _nbytes(args[1]) if train else 0
+
+
+_RULES: dict[Any, Callable[[tuple, dict, Any], int]] = {
+    aten.convolution.default: _conv_forward,
+    aten.convolution_backward.default: _conv_backward,
+    aten.mm.default: _mm,
+    aten.bmm.default: _mm,
+    aten.addmm.default: _addmm,
+    aten.baddbmm.default: _addmm,
+    aten.native_batch_norm_backward.default: _batch_norm_backward,
+    aten.native_layer_norm.default: _layer_norm,
+    aten.native_layer_norm_backward.default: _layer_norm_backward,
+}
+
+
+def workspace_bytes(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
+    """Hidden scratch bytes of one CPU op (0 for ops and devices we do not model)."""
+    rule = _RULES.get(func)
+    if rule is None:
+        return 0
+    first = args[0] if args else None
+    if not isinstance(first, torch.Tensor) or first.device.type != "cpu":
+        return 0
+    return rule(args, kwargs, out)
