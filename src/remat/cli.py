@@ -30,6 +30,23 @@ def _cmd_flops(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from .api import profile
+    from .measure import measure_peak
+    from .units import fmt_bytes
+
+    work = zoo.build(args.spec, args.batch, meta_inputs=not args.measure)
+    prof = profile(work.model, work.inputs, work.kwargs)
+    print(f"{work.name}  batch {args.batch}  traced with {prof.frontend}, profiled on fake tensors "
+          f"in {prof.profile_seconds:.2f} s\n")
+    print(prof.table(top=args.top))
+    if args.measure:
+        measured = measure_peak(work.model, work.inputs, work.kwargs)
+        err = 100.0 * (prof.peak_bytes - measured) / measured
+        print(f"measured peak  {fmt_bytes(measured):>12}    error          {err:+11.2f} %")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="remat", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -38,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     p.add_argument("--top", type=int, default=10, help="how many ops to list (default 10)")
     p.set_defaults(run=_cmd_flops)
+
+    p = sub.add_parser("profile", help="per-node memory and FLOPs, predicted peak of a training step")
+    _add_model_args(p)
+    p.add_argument("--measure", action="store_true", help="also run one real step and show the measured peak")
+    p.add_argument("--top", type=int, default=None, help="show only the K nodes with the most memory")
+    p.set_defaults(run=_cmd_profile)
     return parser
 
 

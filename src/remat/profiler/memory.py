@@ -43,18 +43,29 @@ class StorageTracker:
 
     current: int = 0
     peak: int = 0
+    owner: str | None = None  # who allocates now (a graph node's name), recorded per storage
     _live: dict[int, int] = field(default_factory=dict)  # id(storage) -> bytes
-    _resident: set[int] = field(default_factory=set)
+    _uid: dict[int, int] = field(default_factory=dict)  # id(storage) -> stable uid while alive
+    _resident: dict[int, int] = field(default_factory=dict)  # id(storage) -> uid (negative)
     _window_peak: int = 0  # peak since the last mark(), for per-node temporaries
+    _next_uid: int = 0
+    producer: dict[int, str | None] = field(default_factory=dict)  # uid -> owner that allocated it
+    nbytes: dict[int, int] = field(default_factory=dict)  # uid -> bytes, for every storage ever seen
 
     def mark_resident(self, tensors: Iterable[torch.Tensor]) -> None:
         for t in tensors:
-            if isinstance(t, torch.Tensor):
-                self._resident.add(storage_key(t))
+            if isinstance(t, torch.Tensor) and storage_key(t) not in self._resident:
+                st = t.untyped_storage()
+                uid = -1 - len(self._resident)
+                self._resident[id(st)] = uid
+                self.nbytes[uid] = st.nbytes()
 
-    def is_known(self, t: torch.Tensor) -> bool:
+    def uid(self, t: torch.Tensor) -> int | None:
+        """A stable id of ``t``'s storage: negative for resident storages, None if untracked."""
         key = storage_key(t)
-        return key in self._live or key in self._resident
+        if key in self._resident:
+            return self._resident[key]
+        return self._uid.get(key)
 
     def allocate(self, storages: Iterable[torch.UntypedStorage]) -> int:
         """Register new storages; returns the bytes newly allocated."""
@@ -65,6 +76,10 @@ class StorageTracker:
                 continue
             nbytes = st.nbytes()
             self._live[key] = nbytes
+            self._uid[key] = uid = self._next_uid
+            self._next_uid += 1
+            self.producer[uid] = self.owner
+            self.nbytes[uid] = nbytes
             weakref.finalize(st, self._free, key)
             added += nbytes
         if added:
@@ -86,6 +101,7 @@ class StorageTracker:
 
     def _free(self, key: int) -> None:
         nbytes = self._live.pop(key, None)
+        self._uid.pop(key, None)
         if nbytes is not None:
             self.current -= nbytes
 

@@ -1,0 +1,127 @@
+"""``profile(model, example_inputs)``: trace, then one instrumented fake step of the traced graph.
+
+The same run gives the per-node table and the whole-step peak; ``ModelProfile`` carries both.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+from torch.utils._pytree import tree_flatten
+
+from ..fake import FakeSession
+from ..step import loss_of, reparametrized
+from ..units import fmt_bytes, fmt_flops
+from .flops import BWD, LOSS
+from .memory import StorageTracker
+from .node import NodeProfile, NodeProfiler, _ProfileMode
+
+__all__ = ["ModelProfile", "profile_graph"]
+
+
+@dataclass
+class ModelProfile:
+    """Predicted costs of one training step (DESIGN.md), whole model and per graph node."""
+
+    fwd_flops: int
+    bwd_flops: int
+    param_bytes: int
+    buffer_bytes: int
+    input_bytes: int
+    saved_bytes: int  # activations saved for backward: unique storages, parameters and buffers excluded
+    peak_bytes: int  # predicted peak of one training step
+    grad_bytes: int  # gradients alive at the end of the step
+    nodes: list[NodeProfile] = field(default_factory=list)
+    frontend: str = ""
+    profile_seconds: float = 0.0
+
+    @property
+    def resident_bytes(self) -> int:
+        return self.param_bytes + self.buffer_bytes + self.input_bytes
+
+    def table(self, top: int | None = None) -> str:
+        """Per-node table (the ``top`` nodes by saved + output bytes, or all) and totals."""
+        header = (f"{'node':<28}{'op':<30}{'fwd FLOPs':>11}{'bwd FLOPs':>11}{'fwd_in':>11}{'fwd_tmp':>11}"
+                  f"{'fwd_out':>11}{'bwd_tmp':>11}{'bwd_out':>11}")
+        rows = [n for n in self.nodes if n.op not in ("placeholder", "output", "get_attr")]
+        if top is not None:
+            rows = sorted(rows, key=lambda n: -(n.fwd_in + n.fwd_tmp + n.fwd_out))[:top]
+        lines = [header, "-" * len(header)]
+        for n in rows:
+            lines.append(f"{n.name[:27]:<28}{n.target[:29]:<30}{fmt_flops(n.fwd_flops):>11}{fmt_flops(n.bwd_flops):>11}"
+                         f"{fmt_bytes(n.fwd_in):>11}{fmt_bytes(n.fwd_tmp):>11}{fmt_bytes(n.fwd_out):>11}"
+                         f"{fmt_bytes(n.bwd_tmp):>11}{fmt_bytes(n.bwd_out):>11}")
+        lines += ["", f"forward FLOPs  {fmt_flops(self.fwd_flops):>12}    backward FLOPs {fmt_flops(self.bwd_flops):>12}",
+                  f"parameters     {fmt_bytes(self.param_bytes):>12}    buffers        {fmt_bytes(self.buffer_bytes):>12}",
+                  f"inputs         {fmt_bytes(self.input_bytes):>12}    gradients      {fmt_bytes(self.grad_bytes):>12}",
+                  f"saved for bwd  {fmt_bytes(self.saved_bytes):>12}    predicted peak {fmt_bytes(self.peak_bytes):>12}"]
+        return "\n".join(lines)
+
+
+def _unique_bytes(tensors: list[torch.Tensor]) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        st = t.untyped_storage()
+        seen[id(st)] = st.nbytes()
+    return sum(seen.values())
+
+
+def profile_graph(gm: fx.GraphModule, args: tuple, kwargs: dict | None = None) -> ModelProfile:
+    """Profile one training step of ``gm`` on fake tensors; writes ``node.meta["remat"]``."""
+    start = time.perf_counter()
+    kwargs = kwargs or {}
+    session = FakeSession.for_call(gm, args, kwargs)
+    params = dict(gm.named_parameters(remove_duplicate=False))
+    buffers = dict(gm.named_buffers(remove_duplicate=False))
+    state = session.state(gm)
+    fargs, fkwargs = session.tree(tuple(args)), session.tree(kwargs)
+    flat_inputs = [t for t in tree_flatten((fargs, fkwargs))[0] if isinstance(t, torch.Tensor)]
+    fake_params = [state[k] for k in params]
+    fake_buffers = [state[k] for k in buffers]
+    tracker = StorageTracker()
+    tracker.mark_resident([*fake_params, *fake_buffers, *flat_inputs])
+    state_uids = {tracker.uid(t) for t in [*fake_params, *fake_buffers]}
+    profiler = NodeProfiler(gm, tracker, state_uids)
+    with session.mode, reparametrized(gm, state), _ProfileMode(profiler):
+        out = profiler.run(*fargs, **fkwargs) if not fkwargs else _run_kwargs(profiler, gm, fargs, fkwargs)
+        profiler.env.clear()  # the Interpreter keeps the output node's value; the real step does not
+        profiler.flops.phase = LOSS
+        loss = loss_of(out)
+        del out
+        profiler.flops.phase = BWD
+        if loss is not None:
+            loss.backward()
+        del loss
+    grads = [t.grad for t in fake_params if t.grad is not None]
+    nodes = [n.meta["remat"] for n in gm.graph.nodes]
+    resident = _unique_bytes([*fake_params, *fake_buffers, *flat_inputs])
+    return ModelProfile(
+        fwd_flops=sum(n.fwd_flops for n in nodes) + profiler.unattributed["fwd"],
+        bwd_flops=sum(n.bwd_flops for n in nodes) + profiler.unattributed["bwd"],
+        param_bytes=_unique_bytes(fake_params),
+        buffer_bytes=_unique_bytes(fake_buffers),
+        input_bytes=_unique_bytes(flat_inputs),
+        saved_bytes=sum(profiler.saved.values()),
+        peak_bytes=resident + tracker.peak,
+        grad_bytes=_unique_bytes(grads),
+        nodes=nodes,
+        frontend=getattr(gm, "remat_frontend", ""),
+        profile_seconds=time.perf_counter() - start,
+    )
+
+
+def _run_kwargs(profiler: NodeProfiler, gm: fx.GraphModule, args: tuple, kwargs: dict) -> Any:
+    """Interpreter.run takes positional inputs only: order kwargs as the graph's placeholders."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    values = list(args)
+    for n in placeholders[len(args):]:
+        if n.target in kwargs:
+            values.append(kwargs[n.target])
+        elif n.args:
+            values.append(n.args[0])  # the placeholder's default
+        else:
+            raise TypeError(f"missing input {n.target!r}")
+    return profiler.run(*values)

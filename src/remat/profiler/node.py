@@ -1,0 +1,185 @@
+"""The per-node profile pass: one instrumented training step of a GraphModule on fake tensors.
+
+An ``Interpreter`` runs the forward node by node; a dispatch mode counts every op's FLOPs and
+follows its storages (``StorageTracker``); ``saved_tensors_hooks`` see what autograd keeps.  Each
+autograd node created by a graph node gets hooks, so the backward that ``loss.backward()`` runs is
+attributed to the graph node it belongs to.  The result is written to ``node.meta["remat"]``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from .flops import BWD, FWD, LOSS, FlopCounter, decomposes
+from .memory import StorageTracker, storages_of
+from .workspace import workspace_bytes
+
+__all__ = ["NodeProfile", "NodeProfiler"]
+
+META_KEY = "remat"
+
+
+@dataclass
+class NodeProfile:
+    """Costs of one graph node in one training step (bytes and FLOPs)."""
+
+    name: str
+    op: str
+    target: str
+    fwd_flops: int = 0
+    bwd_flops: int = 0
+    fwd_in: int = 0  # inputs of the node saved for backward
+    fwd_tmp: int = 0  # tensors created inside the node (not outputs) saved for backward
+    fwd_out: int = 0  # new storages of the outputs
+    bwd_tmp: int = 0  # peak temporaries of the node's backward beyond its inputs and outputs
+    bwd_out: int = 0  # gradients it produces for its (non-parameter) inputs
+    fwd_transient: int = 0  # peak temporaries of the forward beyond the outputs
+    mutates_state: bool = False  # writes a parameter or buffer in place (BatchNorm statistics)
+    # storage uids (StorageTracker), for stage-level accounting in chain.py
+    in_uids: frozenset[int] = field(default=frozenset(), repr=False)
+    out_uids: frozenset[int] = field(default=frozenset(), repr=False)
+    saved_uids: frozenset[int] = field(default=frozenset(), repr=False)
+
+
+def _target_name(node: fx.Node) -> str:
+    if node.op in ("call_module", "get_attr", "call_method", "placeholder", "output"):
+        return str(node.target)
+    return getattr(node.target, "__name__", str(node.target))
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    flat, _ = tree_flatten(x)
+    return [t for t in flat if isinstance(t, torch.Tensor)]
+
+
+# Ops that write module state without saying so in their schema.
+_HIDDEN_WRITES = {torch.ops.aten.native_batch_norm.default: (3, 4), torch.ops.aten._batch_norm_with_update.default: (3, 4)}
+
+
+class _ProfileMode(TorchDispatchMode):
+    """FLOPs and storages of every op, charged to ``profiler.current``."""
+
+    def __init__(self, profiler: "NodeProfiler") -> None:
+        super().__init__()
+        self.p = profiler
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if decomposes(func):
+            with self:
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        out = func(*args, **kwargs)
+        p = self.p
+        flops = p.flops.count(func, args, kwargs, out)
+        prof = p.current
+        if prof is not None:
+            if p.flops.phase == FWD:
+                prof.fwd_flops += flops
+                if not prof.mutates_state and p.writes_state(func, args):
+                    prof.mutates_state = True
+            elif p.flops.phase == BWD:
+                prof.bwd_flops += flops
+        elif flops:
+            p.unattributed[p.flops.phase] += flops
+        p.tracker.allocate(storages_of(out))
+        p.tracker.transient(workspace_bytes(func, args, kwargs, out))
+        return out
+
+
+class NodeProfiler(fx.Interpreter):
+    """Runs one training step of ``gm`` on fake tensors and profiles every node."""
+
+    def __init__(self, gm: fx.GraphModule, tracker: StorageTracker, state_uids: set[int]) -> None:
+        super().__init__(gm, garbage_collect_values=True)
+        self.tracker = tracker
+        self.flops = FlopCounter()
+        self.state_uids = state_uids  # parameters and buffers: never activations
+        self.profiles: dict[str, NodeProfile] = {}
+        self.current: NodeProfile | None = None
+        self.unattributed = {FWD: 0, LOSS: 0, BWD: 0}
+        self.saved: dict[int, int] = {}  # uid -> bytes of every activation saved for backward
+        self._pending_saved: list[torch.Tensor] = []
+        self._seen_grad_fns: set[int] = set()
+        self._windows: dict[int, int] = {}
+
+    # --- forward -------------------------------------------------------------------------------
+    def writes_state(self, func: Any, args: tuple) -> bool:
+        schema = func._schema
+        indices = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+        indices += list(_HIDDEN_WRITES.get(func, ()))
+        for i in indices:
+            if i < len(args) and isinstance(args[i], torch.Tensor) and self.tracker.uid(args[i]) in self.state_uids:
+                return True
+        return False
+
+    def run_node(self, n: fx.Node) -> Any:
+        prof = NodeProfile(n.name, n.op, _target_name(n))
+        self.profiles[n.name] = prof
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        inputs = _tensors((args, kwargs))
+        in_uids = {u for u in (self.tracker.uid(t) for t in inputs) if u is not None}
+        self.current, self.tracker.owner = prof, n.name
+        self._pending_saved = []
+        before = self.tracker.mark()
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            out = getattr(self, n.op)(n.target, args, kwargs)
+        self.current, self.tracker.owner = None, None
+        outs = _tensors(out)
+        out_uids = {u for u in (self.tracker.uid(t) for t in outs) if u is not None and u >= 0
+                    and self.tracker.producer.get(u) == n.name}
+        prof.fwd_out = sum(self.tracker.nbytes[u] for u in out_uids)
+        prof.fwd_transient = max(0, self.tracker.window_peak - max(self.tracker.current, before))
+        saved = {u for u in (self.tracker.uid(t) for t in self._pending_saved) if u is not None}
+        saved -= self.state_uids
+        prof.fwd_in = sum(self.tracker.nbytes[u] for u in saved & in_uids)
+        prof.fwd_tmp = sum(self.tracker.nbytes[u] for u in saved - in_uids - out_uids)
+        prof.bwd_out = sum(t.numel() * t.element_size() for t in inputs
+                           if t.requires_grad and self.tracker.uid(t) not in self.state_uids)
+        prof.in_uids, prof.out_uids, prof.saved_uids = frozenset(in_uids), frozenset(out_uids), frozenset(saved)
+        for u in saved:
+            self.saved[u] = self.tracker.nbytes[u]
+        self._hook_backward(outs, prof)
+        self._pending_saved = []
+        n.meta[META_KEY] = prof
+        return out
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        self._pending_saved.append(t)
+        return t
+
+    @staticmethod
+    def _unpack(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    # --- backward attribution ------------------------------------------------------------------
+    def _hook_backward(self, outs: list[torch.Tensor], prof: NodeProfile) -> None:
+        stack = [t.grad_fn for t in outs if t.grad_fn is not None]
+        while stack:
+            fn = stack.pop()
+            if fn is None or id(fn) in self._seen_grad_fns:
+                continue
+            self._seen_grad_fns.add(id(fn))
+            fn.register_prehook(self._pre_hook(prof))
+            fn.register_hook(self._post_hook(prof))
+            stack.extend(nxt for nxt, _ in fn.next_functions if nxt is not None)
+
+    def _pre_hook(self, prof: NodeProfile):
+        def hook(grad_outputs):
+            # Ops between two autograd nodes (gradient accumulation) stay with the last owner.
+            self.current, self.tracker.owner = prof, prof.name
+            self._windows[id(prof)] = self.tracker.mark()
+        return hook
+
+    def _post_hook(self, prof: NodeProfile):
+        def hook(grad_inputs, grad_outputs):
+            base = self._windows.pop(id(prof), self.tracker.current)
+            produced = max(0, self.tracker.current - base)
+            prof.bwd_tmp = max(prof.bwd_tmp, self.tracker.window_peak - base - produced)
+        return hook

@@ -1,0 +1,125 @@
+"""remat.profile: per-node statistics and the predicted peak, checked against real runs."""
+import os
+
+import pytest
+import torch
+
+import remat
+from remat.zoo import build
+
+from models import DictOutput, MultiOutput, SharedParams, ViewsAndInplace
+
+torchvision = pytest.importorskip("torchvision")
+
+CASES = [
+    (ViewsAndInplace, lambda: (torch.randn(256, 64),)),
+    (SharedParams, lambda: (torch.randint(0, 100, (16, 64)),)),
+    (MultiOutput, lambda: (torch.randn(4, 3, 32, 32),)),
+    (DictOutput, lambda: (torch.randn(64, 32),)),
+]
+
+
+@pytest.mark.parametrize("cls, inputs", CASES, ids=[c[0].__name__ for c in CASES])
+def test_small_models_predict_the_measured_peak(cls, inputs):
+    model, x = cls(), inputs()
+    prof = remat.profile(model, x)
+    measured = remat.measure_peak(model, x)
+    assert abs(prof.peak_bytes - measured) <= 0.01 * measured, (prof.peak_bytes, measured)
+    count = remat.count_flops(model, x)
+    assert (prof.fwd_flops, prof.bwd_flops) == (count.fwd, count.bwd)
+
+
+def test_inplace_ops_on_views_share_storage():
+    prof = remat.profile(ViewsAndInplace(), (torch.randn(256, 64),))
+    nodes = {n.name: n for n in prof.nodes}
+    relu = next(n for n in prof.nodes if n.target == "relu_")
+    assert relu.fwd_out == 0  # relu_ writes its input's storage
+    view = next(n for n in prof.nodes if n.target == "view")
+    assert view.fwd_out == 0 and view.fwd_flops == 0
+    add = next(n for n in prof.nodes if n.target == "add_")
+    assert add.fwd_out == 0 and add.fwd_flops == 256 * 64
+    assert nodes  # every node profiled
+
+
+def test_shared_parameters_are_not_activations_and_grads_count_once():
+    model = SharedParams()
+    prof = remat.profile(model, (torch.randint(0, 100, (16, 64)),))
+    unique_params = sum(p.numel() * 4 for p in model.parameters())  # parameters() dedups tied weights
+    assert prof.param_bytes == unique_params
+    assert prof.grad_bytes == unique_params
+    block_calls = [n for n in prof.nodes if n.target == "block"]
+    assert len(block_calls) == 2 and all(n.fwd_in == 16 * 64 * 32 * 4 for n in block_calls)
+
+
+def test_resnet18_matches_real_step_and_independent_saved_count():
+    model = torchvision.models.resnet18()
+    x = torch.randn(4, 3, 224, 224)
+    prof = remat.profile(model, x)
+    measured = remat.measure_peak(model, x)
+    assert abs(prof.peak_bytes - measured) <= 0.01 * measured
+    # independent count: unique storages packed by autograd in a real step, parameters/buffers excluded
+    state = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in state:
+            saved[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(x)
+    out.sum().backward()
+    model.zero_grad(set_to_none=True)
+    assert abs(prof.saved_bytes - sum(saved.values())) <= 0.005 * sum(saved.values())
+    assert prof.fwd_flops == sum(n.fwd_flops for n in prof.nodes)
+    assert prof.bwd_flops == sum(n.bwd_flops for n in prof.nodes)
+
+
+def test_gpt2_config_through_export_matches_real_step():
+    work = build("transformers:gpt2", 2)
+    prof = remat.profile(work.model, work.inputs)
+    assert prof.frontend == "export"
+    measured = remat.measure_peak(work.model, work.inputs)
+    assert abs(prof.peak_bytes - measured) <= 0.01 * measured
+    count = remat.count_flops(work.model, work.inputs)
+    assert sum(n.fwd_flops for n in prof.nodes) == count.fwd
+    assert sum(n.bwd_flops for n in prof.nodes) == count.bwd
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def test_profiling_never_modifies_or_copies_the_model():
+    model = torchvision.models.vgg11()
+    snap = {k: (v.data_ptr(), v.clone()) for k, v in model.state_dict().items()}
+    weights = sum(v.numel() * v.element_size() for v in model.state_dict().values())
+    before = _rss()
+    prof = remat.profile(model, torch.randn(2, 3, 224, 224))
+    grew = _rss() - before
+    assert grew < 0.10 * weights, f"RSS grew by {grew} bytes for {weights} bytes of weights"
+    for k, v in model.state_dict().items():
+        assert v.data_ptr() == snap[k][0] and torch.equal(v, snap[k][1]), k
+    assert all(p.grad is None for p in model.parameters())
+    assert prof.param_bytes == weights
+
+
+def test_trace_keeps_names_and_records_frontend():
+    model = torchvision.models.resnet18()
+    gm = remat.trace(model, torch.randn(1, 3, 64, 64))
+    assert gm.remat_frontend == "symbolic_trace"
+    assert list(gm.state_dict()) == list(model.state_dict())
+    gm.load_state_dict(model.state_dict())
+
+
+def test_big_batch_on_meta_profiles_without_memory():
+    work = build("torchvision:resnet50", 4000, meta_inputs=True)
+    before = _rss()
+    prof = remat.profile(work.model, work.inputs)
+    assert prof.peak_bytes > 300 * 2**30  # ~323 GiB predicted
+    assert _rss() - before < 200 * 2**20
