@@ -1,5 +1,5 @@
 """remat: automatic activation checkpointing for PyTorch."""
-from .api import profile
+from .api import checkpoint, profile
 from .errors import InfeasibleBudget, RematError, TraceError
 from .measure import measure_peak
 from .profiler import FlopCount, count_flops
@@ -8,7 +8,7 @@ from .profiler.node import NodeProfile
 from .trace import trace
 
 __all__ = [
-    "FlopCount", "InfeasibleBudget", "ModelProfile", "NodeProfile", "RematError", "TraceError",
+    "FlopCount", "InfeasibleBudget", "checkpoint", "ModelProfile", "NodeProfile", "RematError", "TraceError",
     "count_flops", "measure_peak", "profile", "trace",
 ]
 __version__ = "0.1.0"

@@ -7,6 +7,7 @@ attributed to the graph node it belongs to.  The result is written to ``node.met
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,10 +41,15 @@ class NodeProfile:
     bwd_out: int = 0  # gradients it produces for its (non-parameter) inputs
     fwd_transient: int = 0  # peak temporaries of the forward beyond the outputs
     mutates_state: bool = False  # writes a parameter or buffer in place (BatchNorm statistics)
+    tensor_out: bool = False  # the node's value holds a tensor (else: a size, an int, None, ...)
+    # nodes whose storage this node writes in place (BatchNorm -> relu_): no cut may separate them
+    writes_into: frozenset[str] = field(default=frozenset(), repr=False)
     # storage uids (StorageTracker), for stage-level accounting in chain.py
     in_uids: frozenset[int] = field(default=frozenset(), repr=False)
-    out_uids: frozenset[int] = field(default=frozenset(), repr=False)
+    out_uids: frozenset[int] = field(default=frozenset(), repr=False)  # new storages of the outputs
+    value_uids: frozenset[int] = field(default=frozenset(), repr=False)  # every storage of the value
     saved_uids: frozenset[int] = field(default=frozenset(), repr=False)
+    uid_bytes: dict[int, int] = field(default_factory=dict, repr=False)
 
 
 def _target_name(node: fx.Node) -> str:
@@ -59,6 +65,13 @@ def _tensors(x: Any) -> list[torch.Tensor]:
 
 # Ops that write module state without saying so in their schema.
 _HIDDEN_WRITES = {torch.ops.aten.native_batch_norm.default: (3, 4), torch.ops.aten._batch_norm_with_update.default: (3, 4)}
+
+
+@functools.lru_cache(maxsize=None)
+def _written_args(func: Any) -> tuple[int, ...]:
+    schema = func._schema
+    written = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+    return tuple(written) + _HIDDEN_WRITES.get(func, ())
 
 
 class _ProfileMode(TorchDispatchMode):
@@ -82,8 +95,7 @@ class _ProfileMode(TorchDispatchMode):
         if prof is not None:
             if p.flops.phase == FWD:
                 prof.fwd_flops += flops
-                if not prof.mutates_state and p.writes_state(func, args):
-                    prof.mutates_state = True
+                p.record_writes(prof, func, args)
             elif p.flops.phase == BWD:
                 prof.bwd_flops += flops
         elif flops:
@@ -110,14 +122,20 @@ class NodeProfiler(fx.Interpreter):
         self._windows: dict[int, int] = {}
 
     # --- forward -------------------------------------------------------------------------------
-    def writes_state(self, func: Any, args: tuple) -> bool:
-        schema = func._schema
-        indices = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
-        indices += list(_HIDDEN_WRITES.get(func, ()))
+    def record_writes(self, prof: NodeProfile, func: Any, args: tuple) -> None:
+        """Note in-place writes to module state and to storages of earlier nodes."""
+        indices = _written_args(func)
+        if not indices:
+            return
         for i in indices:
-            if i < len(args) and isinstance(args[i], torch.Tensor) and self.tracker.uid(args[i]) in self.state_uids:
-                return True
-        return False
+            if i < len(args) and isinstance(args[i], torch.Tensor):
+                uid = self.tracker.uid(args[i])
+                if uid in self.state_uids:
+                    prof.mutates_state = True
+                elif uid is not None and uid >= 0:
+                    producer = self.tracker.producer.get(uid)
+                    if producer is not None and producer != prof.name:
+                        prof.writes_into = prof.writes_into | {producer}
 
     def run_node(self, n: fx.Node) -> Any:
         prof = NodeProfile(n.name, n.op, _target_name(n))
@@ -132,6 +150,7 @@ class NodeProfiler(fx.Interpreter):
             out = getattr(self, n.op)(n.target, args, kwargs)
         self.current, self.tracker.owner = None, None
         outs = _tensors(out)
+        prof.tensor_out = bool(outs)
         out_uids = {u for u in (self.tracker.uid(t) for t in outs) if u is not None and u >= 0
                     and self.tracker.producer.get(u) == n.name}
         prof.fwd_out = sum(self.tracker.nbytes[u] for u in out_uids)
@@ -142,7 +161,10 @@ class NodeProfiler(fx.Interpreter):
         prof.fwd_tmp = sum(self.tracker.nbytes[u] for u in saved - in_uids - out_uids)
         prof.bwd_out = sum(t.numel() * t.element_size() for t in inputs
                            if t.requires_grad and self.tracker.uid(t) not in self.state_uids)
+        value_uids = {u for u in (self.tracker.uid(t) for t in outs) if u is not None}
         prof.in_uids, prof.out_uids, prof.saved_uids = frozenset(in_uids), frozenset(out_uids), frozenset(saved)
+        prof.value_uids = frozenset(value_uids)
+        prof.uid_bytes = {u: self.tracker.nbytes[u] for u in in_uids | value_uids | saved}
         for u in saved:
             self.saved[u] = self.tracker.nbytes[u]
         self._hook_backward(outs, prof)

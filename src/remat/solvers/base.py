@@ -1,0 +1,82 @@
+"""Plans as data: which stage ranges are checkpointed (nested), and what the solver predicts."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Region", "Plan", "load_plan"]
+
+
+@dataclass(frozen=True)
+class Region:
+    """Stages [start, stop) run under one checkpoint; ``children`` are checkpointed inside it."""
+
+    start: int
+    stop: int
+    children: tuple["Region", ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start < self.stop:
+            raise ValueError(f"empty or negative region [{self.start}, {self.stop})")
+        prev = self.start
+        for child in self.children:
+            if child.start < prev or child.stop > self.stop:
+                raise ValueError(f"region {child} does not nest inside [{self.start}, {self.stop}) in order")
+            prev = child.stop
+
+    def to_list(self) -> list[Any]:
+        return [self.start, self.stop, [c.to_list() for c in self.children]]
+
+    @classmethod
+    def from_list(cls, data: list[Any]) -> "Region":
+        start, stop, children = data
+        return cls(int(start), int(stop), tuple(cls.from_list(c) for c in children))
+
+    def depth(self) -> int:
+        return 1 + max((c.depth() for c in self.children), default=0)
+
+
+def validate_regions(regions: tuple[Region, ...] | list[Region], n_stages: int) -> None:
+    prev = 0
+    for r in regions:
+        if r.start < prev or r.stop > n_stages:
+            raise ValueError(f"regions must be disjoint, ordered and within the {n_stages} stages; got {r}")
+        prev = r.stop
+
+
+@dataclass
+class Plan:
+    """A checkpointing plan for one model and input shape (``Plan.to_json`` / ``remat.load_plan``)."""
+
+    solver: str
+    budget_bytes: int | None
+    predicted_peak_bytes: int
+    recompute_flops: int
+    stages: list[list[str]]  # node names per stage
+    regions: tuple[Region, ...] = ()
+    step_flops: int = 0  # forward + backward FLOPs of the unmodified step
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def recompute_ratio(self) -> float:
+        return self.recompute_flops / self.step_flops if self.step_flops else 0.0
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        data = asdict(self)
+        data["regions"] = [r.to_list() for r in self.regions]
+        text = json.dumps(data, indent=1)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        data = json.loads(text)
+        data["regions"] = tuple(Region.from_list(r) for r in data.get("regions", []))
+        return cls(**data)
+
+
+def load_plan(path: str | Path) -> Plan:
+    return Plan.from_json(Path(path).read_text())

@@ -1,0 +1,131 @@
+"""Linearization and generated checkpointed code: same training step as the original model."""
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import remat
+from remat.chain import linearize
+from remat.profiler.model import profile_graph
+from remat.profiler.step import simulate_step
+from remat.zoo import ResidualMLP, build
+
+from training import assert_same_step
+
+torchvision = pytest.importorskip("torchvision")
+GOLDEN = Path(__file__).parent / "golden"
+
+MODELS = {
+    "resnet18": lambda: (torchvision.models.resnet18(), (torch.randn(2, 3, 64, 64),)),
+    "resnet50": lambda: (torchvision.models.resnet50(), (torch.randn(2, 3, 64, 64),)),
+    "densenet121": lambda: (torchvision.models.densenet121(), (torch.randn(2, 3, 64, 64),)),
+    "mobilenet_v3_small": lambda: (torchvision.models.mobilenet_v3_small(), (torch.randn(2, 3, 64, 64),)),
+    "vit_b_16": lambda: (torchvision.models.vit_b_16(), (torch.randn(1, 3, 224, 224),)),
+    "gpt2": lambda: (lambda w: (w.model, w.inputs))(build("transformers:gpt2", 2)),
+    "mlp_dropout": lambda: (ResidualMLP(width=64, depth=6, p=0.2), (torch.randn(8, 64),)),
+}
+
+
+@pytest.mark.parametrize("solver", ["chen-sqrtn", "every-stage"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_checkpointed_module_trains_exactly_like_the_original(name, solver):
+    model, inputs = MODELS[name]()
+    model.train()
+    gm = assert_same_step(model, lambda m: remat.checkpoint(m, inputs, solver=solver), inputs)
+    assert gm.remat_plan.regions, "nothing was checkpointed"
+    assert "use_reentrant=False" in gm.code
+    assert list(gm.state_dict()) == list(model.state_dict())
+
+
+def test_without_the_state_guard_batchnorm_statistics_would_update_twice(monkeypatch):
+    """The buffer check above can fail: recomputation really does re-run BatchNorm."""
+    import remat.codegen as codegen
+
+    monkeypatch.setattr(codegen, "_frozen", lambda regions, nodes: set())
+    model, inputs = MODELS["resnet18"]()
+    with pytest.raises(AssertionError, match="buffer"):
+        assert_same_step(model, lambda m: remat.checkpoint(m, inputs, solver="every-stage"), inputs)
+
+
+def _chain(model, inputs, shared=()):
+    gm = remat.trace(model, inputs)
+    profile_graph(gm, inputs)
+    return gm, linearize(gm, shared)
+
+
+def _assert_no_skip_crosses(gm, chain):
+    """Every value a stage reads from an earlier stage is that stage's output or a common value."""
+    nodes = list(gm.graph.nodes)
+    stage_of = {}
+    for s in chain.stages:
+        for i in range(s.first, s.last + 1):
+            stage_of[nodes[i]] = s.index
+    outputs = {nodes[s.last] for s in chain.stages}
+    for node, s in stage_of.items():
+        for inp in node._input_nodes:
+            prof = inp.meta["remat"]
+            if inp.op in ("get_attr", "placeholder") or not prof.tensor_out or inp not in stage_of:
+                continue
+            if stage_of[inp] != s:
+                assert inp in outputs and stage_of[inp] == s - 1, f"{inp.name} crosses into stage {s}"
+
+
+def test_resnet50_stages_never_split_a_residual_block():
+    model = torchvision.models.resnet50()
+    gm, chain = _chain(model, (torch.randn(1, 3, 64, 64),))
+    assert len(chain) >= 10
+    _assert_no_skip_crosses(gm, chain)
+    for layer in range(1, 5):
+        for block in range(len(getattr(model, f"layer{layer}"))):
+            prefix = f"layer{layer}_{block}_"
+            stages = {s.index for s in chain.stages for n in s.nodes if n.startswith(prefix)}
+            assert len(stages) == 1, f"block {prefix} split over stages {stages}"
+
+
+def test_vit_b_16_linearizes_into_many_stages():
+    gm, chain = _chain(torchvision.models.vit_b_16(), (torch.randn(1, 3, 224, 224),))
+    assert len(chain) >= 10
+    _assert_no_skip_crosses(gm, chain)
+    # the residual adds of each encoder block: the skip input is defined in the same stage
+    for s in chain.stages:
+        for name in s.nodes:
+            if name.startswith("add"):
+                assert s.index > 0
+
+
+def test_inplace_consumer_stays_with_its_producer():
+    gm, chain = _chain(torchvision.models.resnet18(), (torch.randn(1, 3, 64, 64),))
+    stage_of = {n: s.index for s in chain.stages for n in s.nodes}
+    assert stage_of["bn1"] == stage_of["relu"]  # relu is ReLU(inplace=True)
+
+
+def test_resnet18_generated_code_golden():
+    model = torchvision.models.resnet18()
+    gm = remat.checkpoint(model, (torch.randn(1, 3, 64, 64),), solver="chen-sqrtn")
+    golden = GOLDEN / "resnet18_chen_sqrtn.py"
+    if os.environ.get("REMAT_UPDATE_GOLDEN"):
+        golden.write_text(gm.code)
+    assert gm.code == golden.read_text()
+    assert gm.code.count("use_reentrant=False") == len(gm.remat_plan.regions)
+    assert "def ckpt_0(" in gm.code
+
+
+def test_nested_regions_generate_nested_functions():
+    from remat.codegen import generate
+    from remat.solvers.base import Region
+
+    model, inputs = MODELS["resnet18"]()
+    regions = (Region(0, 5, (Region(1, 2), Region(3, 5, (Region(4, 5),)))), Region(6, 9))
+    new = assert_same_step(model, lambda m: generate(*_chain(m, inputs), regions), inputs)
+    assert "def ckpt_0_1_0(" in new.code and new.code.count("torch.utils.checkpoint.checkpoint(") == 5
+
+
+@pytest.mark.parametrize("name", ["resnet18", "gpt2"])
+def test_profile_of_generated_module_predicts_its_measured_peak(name):
+    model, inputs = MODELS[name]()
+    for solver in ("chen-sqrtn", "every-stage"):
+        gm = remat.checkpoint(model, inputs, solver=solver)
+        predicted = simulate_step(gm, inputs).peak
+        measured = remat.measure_peak(gm, inputs)
+        assert abs(predicted - measured) <= 0.01 * measured, (solver, predicted, measured)

@@ -1,0 +1,39 @@
+"""One training step of a module, and the comparison every codegen/solver test makes."""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from remat.step import floating_outputs, loss_of
+
+
+def train_step(module: torch.nn.Module, inputs: tuple, seed: int = 0, kwargs: dict | None = None):
+    """Outputs, gradients by name and buffers by name after one step from .grad = None."""
+    for p in module.parameters():
+        p.grad = None
+    torch.manual_seed(seed)
+    out = module(*inputs, **(kwargs or {}))
+    loss = loss_of(out)
+    loss.backward()
+    outs = [t.detach().clone() for t in floating_outputs(out)]
+    grads = {k: p.grad.clone() for k, p in module.named_parameters() if p.grad is not None}
+    buffers = {k: b.clone() for k, b in module.named_buffers()}
+    return outs, grads, buffers
+
+
+def assert_same_step(original: torch.nn.Module, make_new, inputs: tuple, seed: int = 0, kwargs: dict | None = None):
+    """The module ``make_new(model_copy)`` trains exactly like ``original`` (outputs, grads, buffers)."""
+    twin = copy.deepcopy(original)
+    new = make_new(twin)
+    ref = train_step(original, inputs, seed, kwargs)
+    got = train_step(new, inputs, seed, kwargs)
+    for a, b in zip(ref[0], got[0], strict=True):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)
+    assert ref[1].keys() == got[1].keys()
+    for k in ref[1]:
+        torch.testing.assert_close(got[1][k], ref[1][k], atol=1e-6, rtol=1e-5, msg=lambda m: f"grad {k}: {m}")
+    assert ref[2].keys() == got[2].keys()
+    for k in ref[2]:
+        torch.testing.assert_close(got[2][k], ref[2][k], atol=1e-6, rtol=1e-5, msg=lambda m: f"buffer {k}: {m}")
+    return new
