@@ -7,16 +7,13 @@ import torch
 
 from torch import fx
 
-from .chain import linearize
-from .codegen import generate
+from .budget import parse_budget
+from .planner import BUDGETED, SOLVERS, Problem, apply_regions, plan_problem, prepare
 from .profiler.model import ModelProfile, profile_graph
-from .solvers.base import Plan, Region
-from .solvers.chen import sqrtn_regions
+from .solvers.base import Plan
 from .trace import trace
 
-__all__ = ["profile", "checkpoint"]
-
-SOLVERS = ("none", "chen-sqrtn", "every-stage")
+__all__ = ["profile", "checkpoint", "apply_plan"]
 
 
 def _as_args(example_inputs: Any) -> tuple:
@@ -35,29 +32,34 @@ def profile(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | Non
 
 
 def checkpoint(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | None = None, *,
-               solver: str = "chen-sqrtn", shared_inputs: tuple[str, ...] = ()) -> fx.GraphModule:
-    """A GraphModule that trains like ``model`` with stages recomputed under ``torch.utils.checkpoint``.
+               budget: int | float | str | None = None, solver: str = "rotor",
+               shared_inputs: tuple[str, ...] = (), slots: int = 500) -> fx.GraphModule:
+    """A GraphModule that trains like ``model`` within ``budget``, recomputing what it must.
 
-    The returned module shares ``model``'s parameters and buffers (same names); ``gm.remat_plan``
-    describes what was checkpointed and ``gm.code`` shows it.
+    ``budget``: bytes (int), a size ("1.5GiB", "800MB"), or a fraction in (0, 1] of what
+    checkpointing can save (DESIGN.md); rotor and chen-greedy default to 0.5.  ``solver``: rotor
+    (optimal), chen-greedy, chen-sqrtn, every-stage or none.  The result shares ``model``'s
+    parameters and buffers under the same names; ``gm.remat_plan`` is the verified Plan and
+    ``gm.code`` shows the checkpoint regions.  Raises InfeasibleBudget when nothing fits.
     """
     if solver not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
-    args = _as_args(example_inputs)
-    gm = trace(model, args, kwargs)
-    prof = profile_graph(gm, args, kwargs)
-    chain = linearize(gm, shared_inputs)
-    if solver == "none":
-        regions: tuple[Region, ...] = ()
-    elif solver == "every-stage":
-        regions = tuple(Region(i, i + 1) for i in range(len(chain)))
-    else:
-        regions = sqrtn_regions(chain)
-    out = generate(gm, chain, regions) if regions else gm
-    out.remat_plan = Plan(
-        solver=solver, budget_bytes=None, predicted_peak_bytes=prof.peak_bytes if not regions else 0,
-        recompute_flops=sum(chain.stages[i].fwd_flops for r in regions for i in range(r.start, r.stop)),
-        stages=[list(s.nodes) for s in chain.stages], regions=regions,
-        step_flops=prof.fwd_flops + prof.bwd_flops,
-    )
-    return out
+    if budget is None and solver in BUDGETED:
+        budget = 0.5
+    parsed = None if budget is None else parse_budget(budget)
+    problem = prepare(model, _as_args(example_inputs), kwargs, tuple(shared_inputs))
+    gm, _ = plan_problem(problem, solver, parsed, slots)
+    return gm
+
+
+def apply_plan(model: torch.nn.Module, example_inputs: Any, plan: Plan, kwargs: dict | None = None, *,
+               shared_inputs: tuple[str, ...] = ()) -> fx.GraphModule:
+    """Re-apply a saved plan without solving; the model must trace to the same stages."""
+    problem: Problem = prepare(model, _as_args(example_inputs), kwargs, tuple(shared_inputs))
+    stages = [list(s.nodes) for s in problem.chain.stages]
+    if stages != [list(s) for s in plan.stages]:
+        raise ValueError("this plan was made for a different graph: the model traces to "
+                         f"{len(stages)} stages, the plan has {len(plan.stages)} (or their nodes differ)")
+    gm = apply_regions(problem, tuple(plan.regions))
+    gm.remat_plan = plan
+    return gm

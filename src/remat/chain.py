@@ -40,9 +40,11 @@ class Stage:
     bwd_flops: int
     x: int  # bytes of the stage's input activation
     xbar: int  # bytes it keeps with autograd on: saved tensors (input excluded) and its output
-    ftmp: int  # peak temporaries of its forward beyond its output
-    btmp: int  # peak temporaries of its backward beyond its gradients
+    ftmp: int  # peak of its forward with autograd on, beyond what it keeps (xbar)
+    btmp: int  # peak of its backward beyond its input gradient and parameter gradients
     y: int  # bytes of its output activation (the next stage's x)
+    g: int = 0  # bytes of parameter gradients its backward stores
+    fdis: int = 0  # peak of its forward with nothing saved (inside a region), output included
 
 
 @dataclass
@@ -139,11 +141,23 @@ def _stage(nodes: list[fx.Node], index: int, first: int, last: int, entry: froze
     x = sum(nbytes[u] for u in entry if u >= 0)
     y = sum(nbytes[u] for u in output)
     xbar = sum(nbytes[u] for u in saved | output)
-    ftmp = max((p.fwd_transient + p.fwd_out for p in profs), default=0)
-    btmp = max((p.bwd_tmp + p.bwd_out for p in profs), default=0)
+    g = sum(p.param_grad for p in profs)
+    # Peaks from the profile run's allocator timeline (it keeps everything, like a stage outside
+    # any region): the forward above the stage's start, the backward above its first hook.
+    ftmp = max(0, max(p.fwd_peak_mark for p in profs) - profs[0].fwd_mark - xbar)
+    ran = [p for p in profs if p.bwd_order >= 0]
+    if ran:
+        base = min(ran, key=lambda p: p.bwd_order).bwd_mark
+        btmp = max(0, max(p.bwd_peak_mark for p in ran) - base - x - g)
+    else:
+        btmp = 0
+    # With nothing saved, a node holds the stage-internal values it reads and its own output.
+    made = {u for p in profs for u in p.out_uids}
+    fdis = max([y] + [sum(nbytes[u] for u in p.in_uids & made) + p.fwd_out + p.fwd_transient for p in profs])
     fwd = max(MIN_STAGE_FLOPS, sum(p.fwd_flops for p in profs))
     bwd = max(MIN_STAGE_FLOPS, sum(p.bwd_flops for p in profs))
-    return Stage(index, first, last, tuple(n.name for n in nodes[first:last + 1]), fwd, bwd, x, xbar, ftmp, btmp, y)
+    return Stage(index, first, last, tuple(n.name for n in nodes[first:last + 1]), fwd, bwd, x, xbar, ftmp, btmp,
+                 y, g, fdis)
 
 
 def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, min_stage_flops: int = 0) -> Chain:

@@ -39,6 +39,7 @@ class NodeProfile:
     fwd_out: int = 0  # new storages of the outputs
     bwd_tmp: int = 0  # peak temporaries of the node's backward beyond its inputs and outputs
     bwd_out: int = 0  # gradients it produces for its (non-parameter) inputs
+    param_grad: int = 0  # bytes of parameter gradients its backward stores (first use of each parameter)
     fwd_transient: int = 0  # peak temporaries of the forward beyond the outputs
     mutates_state: bool = False  # writes a parameter or buffer in place (BatchNorm statistics)
     tensor_out: bool = False  # the node's value holds a tensor (else: a size, an int, None, ...)
@@ -50,6 +51,12 @@ class NodeProfile:
     value_uids: frozenset[int] = field(default=frozenset(), repr=False)  # every storage of the value
     saved_uids: frozenset[int] = field(default=frozenset(), repr=False)
     uid_bytes: dict[int, int] = field(default_factory=dict, repr=False)
+    # the profile run's allocator timeline (absolute bytes above resident), for stage-level peaks
+    fwd_mark: int = field(default=0, repr=False)  # allocated when the node's forward starts
+    fwd_peak_mark: int = field(default=0, repr=False)  # highest during it
+    bwd_order: int = field(default=-1, repr=False)  # position of its first backward hook (-1: none)
+    bwd_mark: int = field(default=0, repr=False)  # allocated when its backward starts
+    bwd_peak_mark: int = field(default=0, repr=False)  # highest during its backward
 
 
 def _target_name(node: fx.Node) -> str:
@@ -120,6 +127,7 @@ class NodeProfiler(fx.Interpreter):
         self._pending_saved: list[torch.Tensor] = []
         self._seen_grad_fns: set[int] = set()
         self._windows: dict[int, int] = {}
+        self._bwd_calls = 0
 
     # --- forward -------------------------------------------------------------------------------
     def record_writes(self, prof: NodeProfile, func: Any, args: tuple) -> None:
@@ -154,6 +162,7 @@ class NodeProfiler(fx.Interpreter):
         out_uids = {u for u in (self.tracker.uid(t) for t in outs) if u is not None and u >= 0
                     and self.tracker.producer.get(u) == n.name}
         prof.fwd_out = sum(self.tracker.nbytes[u] for u in out_uids)
+        prof.fwd_mark, prof.fwd_peak_mark = before, self.tracker.window_peak
         prof.fwd_transient = max(0, self.tracker.window_peak - max(self.tracker.current, before))
         saved = {u for u in (self.tracker.uid(t) for t in self._pending_saved) if u is not None}
         saved -= self.state_uids
@@ -190,13 +199,19 @@ class NodeProfiler(fx.Interpreter):
             self._seen_grad_fns.add(id(fn))
             fn.register_prehook(self._pre_hook(prof))
             fn.register_hook(self._post_hook(prof))
+            variable = getattr(fn, "variable", None)  # AccumulateGrad: the parameter's .grad lands here
+            if isinstance(variable, torch.Tensor):
+                prof.param_grad += variable.numel() * variable.element_size()
             stack.extend(nxt for nxt, _ in fn.next_functions if nxt is not None)
 
     def _pre_hook(self, prof: NodeProfile):
         def hook(grad_outputs):
             # Ops between two autograd nodes (gradient accumulation) stay with the last owner.
             self.current, self.tracker.owner = prof, prof.name
-            self._windows[id(prof)] = self.tracker.mark()
+            self._windows[id(prof)] = mark = self.tracker.mark()
+            if prof.bwd_order < 0:
+                prof.bwd_order, prof.bwd_mark = self._bwd_calls, mark
+            self._bwd_calls += 1
         return hook
 
     def _post_hook(self, prof: NodeProfile):
@@ -204,4 +219,5 @@ class NodeProfiler(fx.Interpreter):
             base = self._windows.pop(id(prof), self.tracker.current)
             produced = max(0, self.tracker.current - base)
             prof.bwd_tmp = max(prof.bwd_tmp, self.tracker.window_peak - base - produced)
+            prof.bwd_peak_mark = max(prof.bwd_peak_mark, self.tracker.window_peak)
         return hook

@@ -1,0 +1,121 @@
+"""The stage-level cost model every solver optimizes, as an explicit simulator of nested regions.
+
+This is the execution model of nested non-reentrant ``torch.utils.checkpoint`` on a chain (rotor's
+"persistent" model).  Memory is counted above the resident bytes (parameters, buffers, inputs):
+
+* forward of a stage outside any region keeps ``xbar`` (its saved tensors and output);
+* a region's forward keeps only its output: inside, each stage holds its input and peaks at
+  ``fdis`` above it while it runs, and intermediate outputs are freed at once;
+* the backward of a region first releases its output, re-runs the region's contents with autograd
+  (children regions again keep only their outputs), then runs their backward in reverse;
+* the backward of a stage needs ``xbar`` and the gradient of its output, produces the gradient of
+  its input (``x`` bytes) and its parameter gradients (``g``), which stay to the end of the step.
+
+The simulator is written independently of the dynamic program in rotor.py; the tests check the
+DP's optimum against an exhaustive search evaluated here.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..chain import Chain, Stage
+from .base import Region
+
+__all__ = ["Cost", "ChainModel", "evaluate", "recompute_flops"]
+
+
+@dataclass(frozen=True)
+class ChainModel:
+    """Sizes and FLOPs per stage, as plain tuples (bytes, or slots once discretized)."""
+
+    f: tuple[int, ...]  # forward FLOPs
+    x: tuple[int, ...]  # input bytes (gradient of the input has the same size)
+    y: tuple[int, ...]  # output bytes
+    xbar: tuple[int, ...]  # kept with autograd on (saved tensors and output)
+    ftmp: tuple[int, ...]  # forward peak with autograd on, beyond xbar
+    btmp: tuple[int, ...]  # backward peak beyond the input gradient and parameter gradients
+    g: tuple[int, ...]  # parameter gradient bytes
+    fdis: tuple[int, ...]  # forward peak with nothing saved, output included (above the input)
+
+    @classmethod
+    def from_chain(cls, chain: Chain) -> "ChainModel":
+        s: list[Stage] = chain.stages
+        return cls(tuple(st.fwd_flops for st in s), tuple(st.x for st in s), tuple(st.y for st in s),
+                   tuple(st.xbar for st in s), tuple(st.ftmp for st in s), tuple(st.btmp for st in s),
+                   tuple(st.g for st in s), tuple(st.fdis for st in s))
+
+    def __len__(self) -> int:
+        return len(self.f)
+
+    def delta(self, i: int) -> int:
+        """Bytes of the gradient of stage i's output (the loss gradient is an expanded scalar)."""
+        return 0 if i == len(self) - 1 else self.y[i]
+
+
+@dataclass(frozen=True)
+class Cost:
+    peak: int  # highest memory above the resident bytes
+    recompute: int  # forward FLOPs run again in the backward
+
+
+def recompute_flops(model: ChainModel, regions: Sequence[Region]) -> int:
+    """Each stage runs once more per region that contains it."""
+    total = 0
+    for r in regions:
+        total += sum(model.f[r.start:r.stop]) + recompute_flops(model, r.children)
+    return total
+
+
+class _Machine:
+    def __init__(self, model: ChainModel) -> None:
+        self.m = model
+        self.cur = 0
+        self.peak = 0
+
+    def _touch(self, extra: int = 0) -> None:
+        self.peak = max(self.peak, self.cur + extra)
+
+    def items(self, start: int, stop: int, regions: Sequence[Region]) -> list[int | Region]:
+        out: list[int | Region] = []
+        i = start
+        for r in regions:
+            out.extend(range(i, r.start))
+            out.append(r)
+            i = r.stop
+        out.extend(range(i, stop))
+        return out
+
+    def forward(self, items: list[int | Region]) -> None:
+        m = self.m
+        for item in items:
+            if isinstance(item, Region):
+                for i in range(item.start, item.stop):
+                    self._touch(m.fdis[i])
+                    self.cur += m.y[i]
+                    if i > item.start:
+                        self.cur -= m.y[i - 1]
+            else:
+                self._touch(m.ftmp[item] + m.xbar[item])
+                self.cur += m.xbar[item]
+
+    def backward(self, items: list[int | Region]) -> None:
+        m = self.m
+        for item in reversed(items):
+            if isinstance(item, Region):
+                self.cur -= m.y[item.stop - 1]  # the region's output is recomputed
+                inner = self.items(item.start, item.stop, item.children)
+                self.forward(inner)
+                self.backward(inner)
+            else:
+                self._touch(m.btmp[item] + m.x[item] + m.g[item])
+                self.cur += m.x[item] + m.g[item] - m.xbar[item] - m.delta(item)
+
+
+def evaluate(model: ChainModel, regions: Sequence[Region]) -> Cost:
+    """Peak memory (above resident) and recomputation of a plan under the model."""
+    machine = _Machine(model)
+    top = machine.items(0, len(model), regions)
+    machine.forward(top)
+    machine.backward(top)
+    return Cost(machine.peak, recompute_flops(model, regions))

@@ -1,0 +1,157 @@
+"""Rotor: the optimal persistent checkpointing schedule of a chain (Beaumont et al., 2019).
+
+``C[s, t, m]`` is the least forward work to run stages s..t forward and then backward, given
+their input and the gradient of stage t's output in memory and ``m`` memory slots above that.
+Two choices at each step:
+
+* keep everything of stage s (``xbar``), then solve s+1..t with what is left, then run B_s;
+* checkpoint a segment s..k-1: run it keeping only its output, solve k..t, then free the output
+  and solve s..k-1 again (a nested region whose own structure is that sub-solution).
+
+The table is filled by increasing chain length, vectorized over the start stage, the split point
+and the memory slots (torch tensors, CPU).  A separate pass rebuilds the nested regions.  Memory is
+discretized into slots with sizes rounded up (and credits rounded down), so every plan the table
+admits fits under the exact model in model.py.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .base import Region
+from .model import ChainModel
+
+__all__ = ["RotorTable", "solve_table", "rotor_regions"]
+
+INF = float("inf")
+
+
+@dataclass
+class RotorTable:
+    cost: torch.Tensor  # (L, L, S+1) float64: forward work, inf when infeasible
+    what: torch.Tensor  # (L, L, S+1) int32: 0 keep stage s, k > 0 checkpoint s..k-1
+    slot: float  # bytes per memory slot
+    x_slots: torch.Tensor  # xbar of each stage, in slots (for the rebuild)
+    y_slots: torch.Tensor
+    off2: torch.Tensor  # (L, L): slots credited to the recomputation of s..k-1 (indexed [k, t])
+    model: ChainModel
+
+    def min_feasible_slot(self) -> int | None:
+        row = self.cost[0, len(self.model) - 1]
+        ok = torch.nonzero(torch.isfinite(row))
+        return None if ok.numel() == 0 else int(ok[0])
+
+
+def _ceil(t: torch.Tensor, slot: float) -> torch.Tensor:
+    return torch.ceil(t / slot - 1e-9).to(torch.int64)
+
+
+def _floor(t: torch.Tensor, slot: float) -> torch.Tensor:
+    return torch.floor(t / slot + 1e-9).to(torch.int64)
+
+
+def solve_table(model: ChainModel, memory: int, slots: int = 500) -> RotorTable:
+    """Fill the DP table for ``memory`` bytes (above resident) split into ``slots`` slots."""
+    n = len(model)
+    S = slots
+    slot = max(memory, 1) / S
+    d64 = torch.float64
+    dc = torch.float32  # the table itself: half the memory traffic of float64
+    f = torch.tensor(model.f, dtype=d64)
+    x = torch.tensor(model.x, dtype=d64)
+    y = torch.tensor(model.y, dtype=d64)
+    xbar = torch.tensor(model.xbar, dtype=d64)
+    ftmp = torch.tensor(model.ftmp, dtype=d64)
+    btmp = torch.tensor(model.btmp, dtype=d64)
+    g = torch.tensor(model.g, dtype=d64)
+    fdis = torch.tensor(model.fdis, dtype=d64)
+    delta = torch.tensor([model.delta(i) for i in range(n)], dtype=d64)
+    pf = torch.cat([torch.zeros(1, dtype=d64), torch.cumsum(f, 0)])  # forward work of s..k-1: pf[k]-pf[s]
+    pg = torch.cat([torch.zeros(1, dtype=d64), torch.cumsum(g, 0)])  # grads of k..t: pg[t+1]-pg[k]
+
+    idx = torch.arange(n)
+    s_idx, t_idx = idx[:, None], idx[None, :]
+    # forward of stage s with everything kept; backward of a lone stage
+    fwd_keep = _ceil(ftmp + xbar, slot)
+    bwd_alone = _ceil(xbar + btmp + x + g, slot)
+    # backward of s after s+1..t: xbar_s, grad of s's output, grads of s+1..t, minus consumed delta_t
+    q1 = _ceil((xbar + y + btmp + x + g)[:, None] + (pg[1:][None, :] - pg[1:][:, None]) - delta[None, :], slot)
+    # discard forward of s..k-1: peak over its stages of (input if intermediate) + fdis
+    w = fdis[None, :] + torch.where(t_idx > s_idx, torch.cat([torch.zeros(1, dtype=d64), y[:-1]])[None, :], 0.0)
+    w = torch.where(t_idx >= s_idx, w, -INF)
+    disc = _ceil(torch.cummax(w, dim=1).values, slot)  # disc[s, k-1]: segment s..k-1
+    # memory credited to the recomputation of s..k-1 once k..t is done (indexed [k, t])
+    off2 = _floor(delta[None, :] - x[:, None] - (pg[1:][None, :] - pg[:-1][:, None]), slot)
+    x_slots = _ceil(xbar, slot)
+    y_slots = _ceil(y, slot)
+
+    # Padded rows: P[s, t, S+1 + m] = C[s, t, m].  Left of it S+1 columns of inf (not enough
+    # memory), right of it S+1 copies of C[s, t, S] (more memory than the table holds helps no
+    # further).  Every shifted read "C[k, t, m - c] for all m" is then one contiguous slice of a
+    # row, taken through an unfold view without building per-element indices.
+    fc, pfc = f.to(dc), pf.to(dc)
+    W = S + 1
+    P = torch.full((n, n, 3 * W), INF, dtype=dc)
+    U = P.unfold(2, W, 1)  # U[s, t, o] = P[s, t, o:o+W]
+    what = torch.zeros((n, n, W), dtype=torch.int32)
+    m = torch.arange(W)
+    mid = slice(W, 2 * W)
+
+    def store(s: torch.Tensor, t: torch.Tensor, value: torch.Tensor) -> None:
+        P[s, t, mid] = value
+        P[s, t, 2 * W:] = value[:, -1:]
+
+    ok = (fwd_keep[:, None] <= m) & (bwd_alone[:, None] <= m)
+    store(idx, idx, torch.where(ok, fc[:, None], INF))
+    y_start = (W - y_slots).clamp(0, 2 * W)  # slice start of C[., ., m - y]
+    x_start = (W - x_slots).clamp(0, 2 * W)
+    off_start = (W + off2).clamp(0, 2 * W)
+    for d in range(1, n):
+        s = torch.arange(n - d)
+        t = s + d
+        # option 1: keep stage s, then s+1..t
+        sub = U[s + 1, t, x_start[s]]
+        ok1 = (fwd_keep[s][:, None] <= m) & (q1[s, t][:, None] <= m)
+        best = torch.where(ok1, fc[s][:, None] + sub, INF)
+        # option 2: checkpoint s..k-1 for k in s+1..t  -> shape (len(s), d, W)
+        k = s[:, None] + torch.arange(1, d + 1)[None, :]
+        tt = t[:, None].expand_as(k)
+        sub1 = U[k, tt, y_start[k - 1]]
+        sub2 = U[s[:, None].expand_as(k), k - 1, off_start[k, tt]]
+        opt2 = sub1.add_(sub2).add_((pfc[k] - pfc[s][:, None])[..., None])
+        opt2.masked_fill_(disc[s[:, None], k - 1][..., None] > m, INF)
+        v2, arg2 = opt2.min(dim=1)
+        better = v2 < best
+        store(s, t, torch.where(better, v2, best))
+        what[s, t] = torch.where(better, (s[:, None] + 1 + arg2).to(torch.int32), 0)
+    cost = P[:, :, mid]
+    return RotorTable(cost, what, slot, x_slots, y_slots, off2, model)
+
+
+def rotor_regions(table: RotorTable, m: int | None = None) -> tuple[Region, ...] | None:
+    """Rebuild the nested regions of the optimal schedule at ``m`` slots (default: all of them)."""
+    n = len(table.model)
+    S = table.cost.shape[2] - 1
+    m = S if m is None else m
+    if n == 0:
+        return ()
+    if not math.isfinite(float(table.cost[0, n - 1, m])):
+        return None
+
+    def build(s: int, t: int, m: int) -> list[Region]:
+        out: list[Region] = []
+        while s < t:
+            k = int(table.what[s, t, m])
+            if k == 0:
+                m -= int(table.x_slots[s])
+                s += 1
+                continue
+            m2 = min(S, m + int(table.off2[k, t]))
+            out.append(Region(s, k, tuple(build(s, k - 1, m2))))
+            m -= int(table.y_slots[k - 1])
+            s = k
+        return out
+
+    return tuple(build(0, n - 1, m))
