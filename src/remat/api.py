@@ -56,10 +56,13 @@ def apply_plan(model: torch.nn.Module, example_inputs: Any, plan: Plan, kwargs: 
                shared_inputs: tuple[str, ...] = ()) -> fx.GraphModule:
     """Re-apply a saved plan without solving; the model must trace to the same stages."""
     problem: Problem = prepare(model, _as_args(example_inputs), kwargs, tuple(shared_inputs))
-    stages = [list(s.nodes) for s in problem.chain.stages]
+    level = plan.info.get("granularity", "blocks")
+    if level not in problem.levels:
+        raise ValueError(f"this plan was made for a {level!r} chain, which this model does not have")
+    stages = [list(s.nodes) for s in problem.levels[level].chain.stages]
     if stages != [list(s) for s in plan.stages]:
         raise ValueError("this plan was made for a different graph: the model traces to "
                          f"{len(stages)} stages, the plan has {len(plan.stages)} (or their nodes differ)")
-    gm = apply_regions(problem, tuple(plan.regions))
+    gm = apply_regions(problem, tuple(plan.regions), level)
     gm.remat_plan = plan
     return gm

@@ -39,12 +39,14 @@ class Stage:
     fwd_flops: int
     bwd_flops: int
     x: int  # bytes of the stage's input activation
-    xbar: int  # bytes it keeps with autograd on: saved tensors (input excluded) and its output
+    xbar: int  # bytes it keeps with autograd on: saved tensors (input excluded), its output if saved later
     ftmp: int  # peak of its forward with autograd on, beyond what it keeps (xbar)
     btmp: int  # peak of its backward beyond its input gradient and parameter gradients
     y: int  # bytes of its output activation (the next stage's x)
     g: int = 0  # bytes of parameter gradients its backward stores
     fdis: int = 0  # peak of its forward with nothing saved (inside a region), output included
+    skip: int = 0  # bytes of earlier values (a block's input) that also flow over its output cut
+    skip_from: int = -1  # the stage that produced them (-1: none)
 
 
 @dataclass
@@ -102,12 +104,22 @@ def _common(node: fx.Node, dependent: dict[fx.Node, bool]) -> bool:
     return not dependent[node] or not _profile_of(node).tensor_out
 
 
-def allowed_cuts(gm: fx.GraphModule, shared_inputs: Iterable[str] = ()) -> list[int]:
-    """Indices n (into graph.nodes) such that a stage may end after node n."""
+@dataclass(frozen=True)
+class Cut:
+    """A place a stage may end: after node ``index``; ``crossing`` are the values that flow over it."""
+
+    index: int
+    crossing: tuple[int, ...]  # node indices of the non-common values defined before and used after
+    coarse: bool  # only the node's own value crosses (a boundary no skip connection crosses)
+
+
+def cuts(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, split_blocks: bool = False) -> list[Cut]:
+    """Where stages may end.  With ``split_blocks``, also inside residual and dense blocks: cuts
+    that skip connections cross, as long as the node's own value flows on; the solvers account for
+    the earlier values that cross with it (``Stage.skip``)."""
     nodes = list(gm.graph.nodes)
     index = {node: i for i, node in enumerate(nodes)}
-    shared = set(shared_inputs)
-    dependent = _data_dependent(nodes, shared)
+    dependent = _data_dependent(nodes, set(shared_inputs))
     last_use = [max((index[u] for u in node.users), default=i) for i, node in enumerate(nodes)]
     # in-place writes: a storage produced by p and written by m forbids every cut in [p, m)
     blocked_until = [-1] * len(nodes)
@@ -115,36 +127,62 @@ def allowed_cuts(gm: fx.GraphModule, shared_inputs: Iterable[str] = ()) -> list[
     for i, node in enumerate(nodes):
         prof = node.meta.get(META_KEY)
         for producer in (prof.writes_into if prof else ()):
-            p = by_name[producer]
-            blocked_until[p] = max(blocked_until[p], i)
-    cuts = []
-    reach = -1  # furthest use of any non-common value defined before the current node
-    block = -1  # furthest in-place write into a storage produced so far
+            blocked_until[by_name[producer]] = max(blocked_until[by_name[producer]], i)
+    found: list[Cut] = []
+    active: dict[int, int] = {}  # non-common value -> its last use
+    block = -1
     first_compute = next((i for i, n in enumerate(nodes) if n.op not in ("placeholder", "get_attr")), len(nodes))
     for i, node in enumerate(nodes):
         if node.op == "output":
             break
         block = max(block, blocked_until[i])
-        if i >= first_compute and reach <= i and block <= i and not _common(node, dependent):
-            cuts.append(i)
         if not _common(node, dependent):
-            reach = max(reach, last_use[i])
-    return cuts
+            active[i] = last_use[i]
+        for j in [j for j, last in active.items() if last <= i]:
+            del active[j]
+        if i < first_compute or block > i or i not in active:
+            continue
+        others = [j for j in active if j != i]
+        if not others:
+            found.append(Cut(i, (i,), True))
+        elif split_blocks:
+            found.append(Cut(i, tuple(sorted(active)), False))
+    return found
+
+
+def allowed_cuts(gm: fx.GraphModule, shared_inputs: Iterable[str] = ()) -> list[int]:
+    """Indices n (into graph.nodes) after which a stage may end without a skip connection crossing."""
+    return [c.index for c in cuts(gm, shared_inputs) if c.coarse]
+
+
+def _uids(nodes: list[fx.Node], crossing: Iterable[int]) -> frozenset[int]:
+    return frozenset(u for j in crossing for u in _profile_of(nodes[j]).value_uids)
 
 
 def _stage(nodes: list[fx.Node], index: int, first: int, last: int, entry: frozenset[int],
-           nbytes: dict[int, int]) -> Stage:
-    """Costs of nodes[first..last]; ``entry`` holds the storage uids of the stage's input."""
+           exit_cut: tuple[int, ...], nbytes: dict[int, int], producer_stage: dict[int, int],
+           last_saved: dict[int, int]) -> Stage:
+    """Costs of nodes[first..last]: ``entry`` holds the storage uids flowing in, ``exit_cut`` the
+    node indices of the values flowing out, ``last_saved`` the last node that saves each storage."""
     profs = [_profile_of(n) for n in nodes[first:last + 1]]
     saved = {u for p in profs for u in p.saved_uids if u >= 0 and u not in entry}
-    output = {u for u in _profile_of(nodes[last]).value_uids if u >= 0}
+    mine = [j for j in exit_cut if j >= first]
+    skips = [j for j in exit_cut if j < first]
+    output = {u for u in _uids(nodes, mine) if u >= 0}
+    # The output stays until the backward only if a later node saves it (a conv's input does, an
+    # add's does not); an input nobody saved any more is freed during this stage's forward.
+    kept_output = {u for u in output if last_saved.get(u, -1) > last}
+    unkept_input = sum(nbytes[u] for u in entry if u >= 0 and last_saved.get(u, -1) < first)
+    skip_uids = {u for u in _uids(nodes, skips) if u >= 0} - output
     x = sum(nbytes[u] for u in entry if u >= 0)
     y = sum(nbytes[u] for u in output)
-    xbar = sum(nbytes[u] for u in saved | output)
+    skip = sum(nbytes[u] for u in skip_uids)
+    skip_from = max((producer_stage[j] for j in skips), default=-1)
+    xbar = sum(nbytes[u] for u in saved | kept_output)
     g = sum(p.param_grad for p in profs)
     # Peaks from the profile run's allocator timeline (it keeps everything, like a stage outside
     # any region): the forward above the stage's start, the backward above its first hook.
-    ftmp = max(0, max(p.fwd_peak_mark for p in profs) - profs[0].fwd_mark - xbar)
+    ftmp = max(0, max(p.fwd_peak_mark for p in profs) - profs[0].fwd_mark - xbar) + unkept_input
     ran = [p for p in profs if p.bwd_order >= 0]
     if ran:
         base = min(ran, key=lambda p: p.bwd_order).bwd_mark
@@ -157,48 +195,58 @@ def _stage(nodes: list[fx.Node], index: int, first: int, last: int, entry: froze
     fwd = max(MIN_STAGE_FLOPS, sum(p.fwd_flops for p in profs))
     bwd = max(MIN_STAGE_FLOPS, sum(p.bwd_flops for p in profs))
     return Stage(index, first, last, tuple(n.name for n in nodes[first:last + 1]), fwd, bwd, x, xbar, ftmp, btmp,
-                 y, g, fdis)
+                 y, g, fdis, skip, skip_from)
 
 
-def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, min_stage_flops: int = 0) -> Chain:
+def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, min_stage_flops: int = 0,
+              split_blocks: bool = False) -> Chain:
     """Cut the profiled graph into a chain of stages (see the module docstring)."""
     nodes = list(gm.graph.nodes)
     nbytes: dict[int, int] = {}
     for n in nodes:
         nbytes.update(_profile_of(n).uid_bytes)
-    cuts = allowed_cuts(gm, shared_inputs)
+    found = cuts(gm, shared_inputs, split_blocks=split_blocks)
+    coarse = [c.index for c in found if c.coarse]
     compute = [i for i, n in enumerate(nodes) if n.op not in ("placeholder", "get_attr", "output")]
     if not compute:
-        return Chain([], [n.name for n in nodes], tuple(shared_inputs), cuts)
-    bounds: list[tuple[int, int]] = []
+        return Chain([], [n.name for n in nodes], tuple(shared_inputs), coarse)
+    bounds: list[tuple[int, int, tuple[int, ...]]] = []
     start, last_compute = compute[0], compute[-1]
-    for c in cuts:
-        if c >= last_compute:
+    for c in found:
+        if c.index >= last_compute:
             break
-        if c >= start:
-            bounds.append((start, c))
-            start = c + 1
-    bounds.append((start, max(last_compute, start)))
+        if c.index >= start:
+            bounds.append((start, c.index, c.crossing))
+            start = c.index + 1
+    bounds.append((start, max(last_compute, start), (max(last_compute, start),)))
     if min_stage_flops:
         bounds = _merge_small(nodes, bounds, min_stage_flops)
-    stages = []
+    stages: list[Stage] = []
+    producer_stage: dict[int, int] = {}
+    last_saved: dict[int, int] = {}
+    for i, n in enumerate(nodes):
+        for u in _profile_of(n).saved_uids:
+            last_saved[u] = i
     entry = frozenset(u for n in nodes if n.op == "placeholder" for u in _profile_of(n).value_uids)
-    for i, (first, last) in enumerate(bounds):
-        stages.append(_stage(nodes, i, first, last, entry, nbytes))
-        entry = frozenset(_profile_of(nodes[last]).value_uids)
-    return Chain(stages, [n.name for n in nodes], tuple(shared_inputs), cuts)
+    for i, (first, last, crossing) in enumerate(bounds):
+        for j in range(first, last + 1):
+            producer_stage[j] = i
+        stages.append(_stage(nodes, i, first, last, entry, crossing, nbytes, producer_stage, last_saved))
+        entry = _uids(nodes, crossing)
+    return Chain(stages, [n.name for n in nodes], tuple(shared_inputs), coarse)
 
 
-def _merge_small(nodes: list[fx.Node], bounds: list[tuple[int, int]], min_flops: int) -> list[tuple[int, int]]:
+def _merge_small(nodes: list[fx.Node], bounds: list[tuple[int, int, tuple[int, ...]]],
+                 min_flops: int) -> list[tuple[int, int, tuple[int, ...]]]:
     """Fold stages below ``min_flops`` forward FLOPs into their successor (fewer, fuller stages)."""
-    merged: list[tuple[int, int]] = []
+    merged: list[tuple[int, int, tuple[int, ...]]] = []
     pending: int | None = None
-    for first, last in bounds:
+    for k, (first, last, crossing) in enumerate(bounds):
         start = first if pending is None else pending
         flops = sum(_profile_of(n).fwd_flops for n in nodes[start:last + 1])
-        if flops < min_flops and (first, last) != bounds[-1]:
+        if flops < min_flops and k != len(bounds) - 1:
             pending = start
             continue
-        merged.append((start, last))
+        merged.append((start, last, crossing))
         pending = None
     return merged

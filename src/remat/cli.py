@@ -47,6 +47,48 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from .budget import parse_budget
+    from .measure import measure_peak
+    from .planner import plan_problem, prepare
+    from .units import fmt_bytes
+
+    work = zoo.build(args.spec, args.batch)
+    start = time.perf_counter()
+    problem = prepare(work.model, work.inputs, work.kwargs, work.shared_inputs)
+    budget = None if args.budget is None else parse_budget(args.budget)
+    gm, plan = plan_problem(problem, args.solver, budget, args.slots)
+    print(f"{work.name}  batch {args.batch}  traced with {problem.profile.frontend}; unconstrained peak "
+          f"{fmt_bytes(problem.unconstrained)}, fixed {fmt_bytes(problem.fixed)}; planned in "
+          f"{time.perf_counter() - start:.1f} s\n")
+    print(plan.describe())
+    if args.measure:
+        measured = measure_peak(gm, work.inputs, work.kwargs)
+        verdict = "" if plan.budget_bytes is None else ("  (within budget)" if measured <= plan.budget_bytes
+                                                        else "  (OVER BUDGET)")
+        print(f"measured peak   {fmt_bytes(measured):>12}{verdict}")
+    if args.code:
+        with open(args.code, "w") as f:
+            f.write(gm.code)
+        print(f"wrote the generated forward to {args.code}")
+    if args.save:
+        plan.to_json(args.save)
+        print(f"saved the plan to {args.save}")
+    return 0
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from .sweep import draw_pareto, sweep, sweep_table
+
+    work = zoo.build(args.spec, args.batch)
+    rows = sweep(work.model, work.inputs, work.kwargs, work.shared_inputs, points=args.points, progress=True)
+    print(sweep_table(rows))
+    if args.plot:
+        draw_pareto(rows, args.plot, title=f"{work.name}, batch {args.batch}")
+        print(f"wrote {args.plot}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="remat", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -61,13 +103,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--measure", action="store_true", help="also run one real step and show the measured peak")
     p.add_argument("--top", type=int, default=None, help="show only the K nodes with the most memory")
     p.set_defaults(run=_cmd_profile)
+
+    p = sub.add_parser("plan", help="checkpoint a model under a budget and show the plan")
+    _add_model_args(p, spec_optional=True)
+    p.add_argument("--budget", default="50%", help="bytes, a size ('2GiB'), or a fraction ('50%%', '0.5'); "
+                                                   "default 50%%")
+    p.add_argument("--solver", default="rotor", choices=["rotor", "chen-greedy", "chen-sqrtn", "every-stage", "none"])
+    p.add_argument("--slots", type=int, default=500, help="memory slots of the rotor table (default 500)")
+    p.add_argument("--code", help="write the generated forward code to this file")
+    p.add_argument("--save", help="save the plan as JSON (reapply with remat.apply_plan)")
+    p.add_argument("--measure", action="store_true", help="run one real step and report its measured peak")
+    p.set_defaults(run=_cmd_plan)
+
+    p = sub.add_parser("sweep", help="every solver over budgets from the minimum to unconstrained")
+    _add_model_args(p)
+    p.add_argument("--points", type=int, default=8, help="budgets per solver (default 8)")
+    p.add_argument("--plot", help="draw peak memory vs recompute to this PNG (needs matplotlib)")
+    p.set_defaults(run=_cmd_sweep)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from .errors import RematError
+
     try:
         return args.run(args)
+    except RematError as e:
+        print(f"remat: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
     except (ValueError, ImportError, TypeError) as e:
         print(f"remat: error: {e}", file=sys.stderr)
         return 2

@@ -21,7 +21,7 @@ from .profiler.step import simulate_step
 from .solvers.base import Plan, Region
 from .solvers.chen import greedy_regions, sqrtn_regions
 from .solvers.model import ChainModel, evaluate, recompute_flops
-from .solvers.rotor import rotor_regions, solve_table
+from .solvers.rotor import solve_rotor, solve_table
 from .trace import trace
 from .units import fmt_bytes
 
@@ -30,6 +30,19 @@ __all__ = ["SOLVERS", "Problem", "prepare", "plan_problem", "apply_regions"]
 SOLVERS = ("rotor", "chen-greedy", "chen-sqrtn", "every-stage", "none")
 BUDGETED = ("rotor", "chen-greedy")
 MAX_ATTEMPTS = 6
+# The fake-tensor prediction matches real CPU peaks within ~0.1 % (benchmarks/memory.py, the tests);
+# a verified plan must leave this much of the budget unused so a real run stays inside it.
+VERIFY_MARGIN = 0.0025
+
+
+@dataclass
+class Granularity:
+    """One linearization of the graph and the (possibly coarsened) stage model solvers see."""
+
+    name: str  # "blocks": no skip connection crosses a cut; "fine": cuts inside blocks too
+    chain: Chain
+    model: ChainModel
+    groups: list[tuple[int, int]]  # model stage -> chain stages [a, b)
 
 
 @dataclass
@@ -40,9 +53,15 @@ class Problem:
     args: tuple
     kwargs: dict
     profile: ModelProfile
-    chain: Chain
-    model: ChainModel
-    stage_groups: list[tuple[int, int]] = field(default_factory=list)  # coarse stage -> chain stages
+    levels: dict[str, Granularity] = field(default_factory=dict)
+
+    @property
+    def chain(self) -> Chain:
+        return self.levels["blocks"].chain
+
+    @property
+    def model(self) -> ChainModel:
+        return self.levels["blocks"].model
 
     @property
     def resident(self) -> int:
@@ -66,24 +85,34 @@ def _coarsen(model: ChainModel, max_stages: int) -> tuple[ChainModel, list[tuple
         j = min(range(len(groups) - 1), key=lambda i: f[i] + f[i + 1])
         groups[j:j + 2] = [(groups[j][0], groups[j + 1][1])]
         f[j:j + 2] = [f[j] + f[j + 1]]
+    if len(groups) == len(model):
+        return model, groups
 
     def pick(a: int, b: int):
         return (sum(model.f[a:b]), model.x[a], model.y[b - 1], sum(model.xbar[a:b]),
                 max(model.ftmp[a:b]), max(model.btmp[a:b]) + sum(model.g[a:b]), sum(model.g[a:b]),
-                max(model.fdis[a:b]) + max(model.y[a:b]))
+                max(model.fdis[a:b]) + max(model.y[a:b]) + max(model.skip[a:b]), model.skip[b - 1],
+                model.skip_from[b - 1])
 
-    cols = list(zip(*(pick(a, b) for a, b in groups)))
-    return ChainModel(*(tuple(c) for c in cols)), groups
+    cols = [tuple(c) for c in zip(*(pick(a, b) for a, b in groups))]
+    # skip producers are indices of the fine model; map them to merged stages
+    where = {i: g for g, (a, b) in enumerate(groups) for i in range(a, b)}
+    cols[9] = tuple(where.get(j, -1) if j >= 0 else -1 for j in cols[9])
+    return ChainModel(*cols), groups
 
 
 def prepare(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
             shared_inputs: tuple[str, ...] = (), max_stages: int = 128) -> Problem:
     gm = trace(model, args, kwargs)
     prof = profile_graph(gm, args, kwargs)
-    chain = linearize(gm, shared_inputs)
-    full = ChainModel.from_chain(chain)
-    coarse, groups = _coarsen(full, max_stages)
-    return Problem(gm, args, kwargs or {}, prof, chain, coarse, groups)
+    problem = Problem(gm, args, kwargs or {}, prof)
+    for name, split in (("blocks", False), ("fine", True)):
+        chain = linearize(gm, shared_inputs, split_blocks=split)
+        coarse, groups = _coarsen(ChainModel.from_chain(chain), max_stages)
+        problem.levels[name] = Granularity(name, chain, coarse, groups)
+    if len(problem.levels["fine"].chain) == len(problem.chain):
+        del problem.levels["fine"]  # no block to split
+    return problem
 
 
 def _expand(regions: tuple[Region, ...], groups: list[tuple[int, int]]) -> tuple[Region, ...]:
@@ -91,9 +120,8 @@ def _expand(regions: tuple[Region, ...], groups: list[tuple[int, int]]) -> tuple
     return tuple(Region(groups[r.start][0], groups[r.stop - 1][1], _expand(r.children, groups)) for r in regions)
 
 
-def solve_regions(problem: Problem, solver: str, limit: int, slots: int = 500) -> tuple[Region, ...] | None:
-    """Regions over the chain's stages whose modeled peak (above resident) fits ``limit``, or None."""
-    model = problem.model
+def _solve_level(level: Granularity, solver: str, limit: int, slots: int) -> tuple[Region, ...] | None:
+    model = level.model
     if solver == "none" or len(model) == 0:
         regions: tuple[Region, ...] | None = ()
     elif solver == "every-stage":
@@ -103,22 +131,46 @@ def solve_regions(problem: Problem, solver: str, limit: int, slots: int = 500) -
     elif solver == "chen-greedy":
         regions = greedy_regions(model, limit)
     elif solver == "rotor":
-        regions = rotor_regions(solve_table(model, max(limit, 0), slots)) if limit > 0 else None
+        regions = solve_rotor(model, limit, slots)
     else:
         raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
-    return None if regions is None else _expand(regions, problem.stage_groups)
+    return None if regions is None else _expand(regions, level.groups)
+
+
+def solve_regions(problem: Problem, solver: str, limit: int,
+                  slots: int = 500) -> tuple[Granularity, tuple[Region, ...]] | None:
+    """The plan whose modeled peak (above resident) fits ``limit`` with the least recomputation.
+
+    rotor and chen-greedy solve both granularities and keep the better plan (the fine chain can
+    also checkpoint inside a residual block); the fixed plans use the block chain.
+    """
+    levels = [problem.levels["blocks"]]
+    if solver in ("rotor", "chen-greedy") and "fine" in problem.levels:
+        levels.append(problem.levels["fine"])
+    best: tuple[int, Granularity, tuple[Region, ...]] | None = None
+    for level in levels:
+        regions = _solve_level(level, solver, limit, slots)
+        if regions is None:
+            continue
+        work = recompute_flops(ChainModel.from_chain(level.chain), regions)
+        if best is None or work < best[0]:
+            best = (work, level, regions)
+    return None if best is None else (best[1], best[2])
 
 
 def min_feasible_bytes(problem: Problem, slots: int = 500) -> int:
     """The smallest absolute budget the rotor optimum fits under the stage model."""
-    top = evaluate(problem.model, ()).peak
-    table = solve_table(problem.model, max(top, 1), slots)
-    m = table.min_feasible_slot()
-    return problem.resident + (top if m is None else int(m * table.slot))
+    need = []
+    for level in problem.levels.values():
+        top = evaluate(level.model, ()).peak
+        table = solve_table(level.model, max(top, 1), slots)
+        m = table.min_feasible_slot()
+        need.append(top if m is None else int(m * table.slot))
+    return problem.resident + min(need)
 
 
-def apply_regions(problem: Problem, regions: tuple[Region, ...]) -> fx.GraphModule:
-    return generate(problem.gm, problem.chain, regions) if regions else problem.gm
+def apply_regions(problem: Problem, regions: tuple[Region, ...], level: str = "blocks") -> fx.GraphModule:
+    return generate(problem.gm, problem.levels[level].chain, regions) if regions else problem.gm
 
 
 def _infeasible(problem: Problem, budget_bytes: int, solver: str, slots: int) -> InfeasibleBudget:
@@ -143,29 +195,35 @@ def plan_problem(problem: Problem, solver: str, budget: Budget | None, slots: in
         raise ValueError(f"solver {solver!r} needs a budget")
     limit = (budget_bytes - problem.resident) if budget_bytes is not None else evaluate(problem.model, ()).peak
     attempts, gm, regions, peak = 0, problem.gm, (), problem.unconstrained
+    level = problem.levels["blocks"]
     while True:
         attempts += 1
         found = solve_regions(problem, solver, limit, slots)
         if found is None:
             raise _infeasible(problem, budget_bytes or 0, solver, slots)
-        regions = found
-        gm = apply_regions(problem, regions)
-        peak = simulate_step(gm, problem.args, problem.kwargs).peak if (verify and regions) else (
-            problem.unconstrained if not regions else problem.resident + evaluate(problem.model, regions).peak)
-        if budget_bytes is None or peak <= budget_bytes:
+        level, regions = found
+        gm = apply_regions(problem, regions, level.name)
+        if not regions:
+            peak = problem.unconstrained
+        elif verify:
+            peak = simulate_step(gm, problem.args, problem.kwargs).peak
+        else:
+            peak = problem.resident + evaluate(ChainModel.from_chain(level.chain), regions).peak
+        if budget_bytes is None or peak <= budget_bytes * (1 - VERIFY_MARGIN):
             break
         if solver not in BUDGETED or attempts >= MAX_ATTEMPTS:
             raise _infeasible(problem, budget_bytes, solver, slots)
-        limit -= (peak - budget_bytes) + max(1, limit // 200)  # tighten by the overshoot, plus 0.5 %
-    chain_model = ChainModel.from_chain(problem.chain)
+        # tighten by the overshoot, plus 0.5 %
+        limit -= (peak - int(budget_bytes * (1 - VERIFY_MARGIN))) + max(1, limit // 200)
     plan = Plan(
         solver=solver, budget_bytes=budget_bytes, predicted_peak_bytes=peak,
-        recompute_flops=recompute_flops(chain_model, regions),
-        stages=[list(s.nodes) for s in problem.chain.stages], regions=regions,
+        recompute_flops=recompute_flops(ChainModel.from_chain(level.chain), regions),
+        stages=[list(s.nodes) for s in level.chain.stages], regions=regions,
         step_flops=problem.profile.fwd_flops + problem.profile.bwd_flops,
         info={"unconstrained_peak_bytes": problem.unconstrained, "fixed_bytes": problem.fixed,
               "resident_bytes": problem.resident, "solve_seconds": round(time.perf_counter() - start, 3),
-              "attempts": attempts, "frontend": problem.profile.frontend, "slots": slots},
+              "attempts": attempts, "frontend": problem.profile.frontend, "slots": slots,
+              "granularity": level.name},
     )
     gm.remat_plan = plan
     return gm, plan

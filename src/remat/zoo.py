@@ -5,7 +5,7 @@
 ``transformers:gpt2:layers=6,width=512,seq=256``   options after a second colon
 ``transformers:gpt2-medium``             24 layers, width 1024, 16 heads, seq 1024
 ``package.module:factory``               ``factory(batch=N)`` returning ``(model, example_inputs)``
-``mlp``                                  the built-in default: a small residual MLP with dropout
+``mlp``                                  the built-in default: a residual MLP with dropout on 256 tokens
 
 Weights are always freshly initialized: remat never downloads or copies a user's weights.
 """
@@ -161,7 +161,8 @@ def build(spec: str = DEFAULT_SPEC, batch: int = 4, *, meta_inputs: bool = False
     torch.manual_seed(seed)
     if spec in ("mlp", "default"):
         model = ResidualMLP()
-        x = torch.empty(batch, 512, device="meta") if meta_inputs else torch.randn(batch, 512)
+        shape = (batch, 256, 512)  # 256 tokens per sample, so activations matter as in a transformer
+        x = torch.empty(shape, device="meta") if meta_inputs else torch.randn(shape)
         return Workload("mlp", model, (x,))
     head, _, rest = spec.partition(":")
     if not rest:

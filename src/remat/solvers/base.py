@@ -63,6 +63,29 @@ class Plan:
     def recompute_ratio(self) -> float:
         return self.recompute_flops / self.step_flops if self.step_flops else 0.0
 
+    def describe(self) -> str:
+        """The plan for people: budget, prediction, recomputation and the nested regions."""
+        from ..units import fmt_bytes
+
+        lines = [f"solver {self.solver}, {len(self.stages)} stages ({self.info.get('granularity', 'blocks')})"]
+        if self.budget_bytes is not None:
+            lines.append(f"budget          {fmt_bytes(self.budget_bytes):>12}")
+        lines.append(f"predicted peak  {fmt_bytes(self.predicted_peak_bytes):>12}"
+                     + (f"   ({'fits' if self.predicted_peak_bytes <= self.budget_bytes else 'OVER'})"
+                        if self.budget_bytes is not None else ""))
+        lines.append(f"recompute       {self.recompute_ratio:>12.1%} of the step's FLOPs")
+        if not self.regions:
+            lines.append("no checkpointing")
+
+        def walk(regions: tuple[Region, ...], depth: int) -> None:
+            for r in regions:
+                first, last = self.stages[r.start][0], self.stages[r.stop - 1][-1]
+                lines.append(f"{'  ' * depth}- checkpoint stages {r.start}..{r.stop - 1}: {first} .. {last}")
+                walk(r.children, depth + 1)
+
+        walk(tuple(self.regions), 1)
+        return "\n".join(lines)
+
     def to_json(self, path: str | Path | None = None) -> str:
         data = asdict(self)
         data["regions"] = [r.to_list() for r in self.regions]

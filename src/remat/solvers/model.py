@@ -37,20 +37,33 @@ class ChainModel:
     btmp: tuple[int, ...]  # backward peak beyond the input gradient and parameter gradients
     g: tuple[int, ...]  # parameter gradient bytes
     fdis: tuple[int, ...]  # forward peak with nothing saved, output included (above the input)
+    skip: tuple[int, ...] = ()  # bytes of a block's input also flowing over the stage's output cut
+    skip_from: tuple[int, ...] = ()  # the stage that produced it (-1: none)
+
+    def __post_init__(self) -> None:
+        if not self.skip:
+            object.__setattr__(self, "skip", (0,) * len(self.f))
+            object.__setattr__(self, "skip_from", (-1,) * len(self.f))
 
     @classmethod
     def from_chain(cls, chain: Chain) -> "ChainModel":
         s: list[Stage] = chain.stages
         return cls(tuple(st.fwd_flops for st in s), tuple(st.x for st in s), tuple(st.y for st in s),
                    tuple(st.xbar for st in s), tuple(st.ftmp for st in s), tuple(st.btmp for st in s),
-                   tuple(st.g for st in s), tuple(st.fdis for st in s))
+                   tuple(st.g for st in s), tuple(st.fdis for st in s), tuple(st.skip for st in s),
+                   tuple(st.skip_from for st in s))
 
     def __len__(self) -> int:
         return len(self.f)
 
     def delta(self, i: int) -> int:
-        """Bytes of the gradient of stage i's output (the loss gradient is an expanded scalar)."""
-        return 0 if i == len(self) - 1 else self.y[i]
+        """Bytes of the gradient over stage i's output cut (the loss gradient is an expanded scalar)."""
+        return 0 if i == len(self) - 1 else self.y[i] + self.skip[i]
+
+    def out(self, start: int, i: int) -> int:
+        """Bytes a region starting at ``start`` holds after stage i: its output, and the skip
+        value flowing over the same cut if the region produced it."""
+        return self.y[i] + (self.skip[i] if self.skip_from[i] >= start else 0)
 
 
 @dataclass(frozen=True)
@@ -90,11 +103,11 @@ class _Machine:
         m = self.m
         for item in items:
             if isinstance(item, Region):
+                held = 0  # what the region holds between its stages (nothing saved)
                 for i in range(item.start, item.stop):
-                    self._touch(m.fdis[i])
-                    self.cur += m.y[i]
-                    if i > item.start:
-                        self.cur -= m.y[i - 1]
+                    self._touch(held + m.fdis[i])
+                    self.cur += m.out(item.start, i) - held
+                    held = m.out(item.start, i)
             else:
                 self._touch(m.ftmp[item] + m.xbar[item])
                 self.cur += m.xbar[item]
@@ -103,7 +116,7 @@ class _Machine:
         m = self.m
         for item in reversed(items):
             if isinstance(item, Region):
-                self.cur -= m.y[item.stop - 1]  # the region's output is recomputed
+                self.cur -= m.out(item.start, item.stop - 1)  # the region's output is recomputed
                 inner = self.items(item.start, item.stop, item.children)
                 self.forward(inner)
                 self.backward(inner)

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import torch
 
 from .base import Region
-from .model import ChainModel
+from .model import ChainModel, evaluate
 
-__all__ = ["RotorTable", "solve_table", "rotor_regions"]
+__all__ = ["RotorTable", "solve_table", "rotor_regions", "solve_rotor"]
 
 INF = float("inf")
 
@@ -34,7 +34,7 @@ class RotorTable:
     what: torch.Tensor  # (L, L, S+1) int32: 0 keep stage s, k > 0 checkpoint s..k-1
     slot: float  # bytes per memory slot
     x_slots: torch.Tensor  # xbar of each stage, in slots (for the rebuild)
-    y_slots: torch.Tensor
+    out_slots: torch.Tensor  # (L, L): [s, k-1] what a region s..k-1 holds, in slots
     off2: torch.Tensor  # (L, L): slots credited to the recomputation of s..k-1 (indexed [k, t])
     model: ChainModel
 
@@ -67,6 +67,8 @@ def solve_table(model: ChainModel, memory: int, slots: int = 500) -> RotorTable:
     btmp = torch.tensor(model.btmp, dtype=d64)
     g = torch.tensor(model.g, dtype=d64)
     fdis = torch.tensor(model.fdis, dtype=d64)
+    skip = torch.tensor(model.skip, dtype=d64)
+    skip_from = torch.tensor(model.skip_from)
     delta = torch.tensor([model.delta(i) for i in range(n)], dtype=d64)
     pf = torch.cat([torch.zeros(1, dtype=d64), torch.cumsum(f, 0)])  # forward work of s..k-1: pf[k]-pf[s]
     pg = torch.cat([torch.zeros(1, dtype=d64), torch.cumsum(g, 0)])  # grads of k..t: pg[t+1]-pg[k]
@@ -77,15 +79,19 @@ def solve_table(model: ChainModel, memory: int, slots: int = 500) -> RotorTable:
     fwd_keep = _ceil(ftmp + xbar, slot)
     bwd_alone = _ceil(xbar + btmp + x + g, slot)
     # backward of s after s+1..t: xbar_s, grad of s's output, grads of s+1..t, minus consumed delta_t
-    q1 = _ceil((xbar + y + btmp + x + g)[:, None] + (pg[1:][None, :] - pg[1:][:, None]) - delta[None, :], slot)
-    # discard forward of s..k-1: peak over its stages of (input if intermediate) + fdis
-    w = fdis[None, :] + torch.where(t_idx > s_idx, torch.cat([torch.zeros(1, dtype=d64), y[:-1]])[None, :], 0.0)
+    q1 = _ceil((xbar + delta + btmp + x + g)[:, None] + (pg[1:][None, :] - pg[1:][:, None]) - delta[None, :], slot)
+    # held[s, i]: what a region starting at s holds after its stage i (output, and the skip value
+    # over the same cut if the region produced it)
+    held = y[None, :] + torch.where(skip_from[None, :] >= s_idx, skip[None, :], 0.0)
+    # discard forward of s..k-1: peak over its stages of (what it holds before) + fdis
+    before = torch.cat([torch.zeros((n, 1), dtype=d64), held[:, :-1]], dim=1)
+    w = fdis[None, :] + torch.where(t_idx > s_idx, before, 0.0)
     w = torch.where(t_idx >= s_idx, w, -INF)
     disc = _ceil(torch.cummax(w, dim=1).values, slot)  # disc[s, k-1]: segment s..k-1
     # memory credited to the recomputation of s..k-1 once k..t is done (indexed [k, t])
     off2 = _floor(delta[None, :] - x[:, None] - (pg[1:][None, :] - pg[:-1][:, None]), slot)
     x_slots = _ceil(xbar, slot)
-    y_slots = _ceil(y, slot)
+    out_slots = _ceil(held, slot)
 
     # Padded rows: P[s, t, S+1 + m] = C[s, t, m].  Left of it S+1 columns of inf (not enough
     # memory), right of it S+1 copies of C[s, t, S] (more memory than the table holds helps no
@@ -105,7 +111,7 @@ def solve_table(model: ChainModel, memory: int, slots: int = 500) -> RotorTable:
 
     ok = (fwd_keep[:, None] <= m) & (bwd_alone[:, None] <= m)
     store(idx, idx, torch.where(ok, fc[:, None], INF))
-    y_start = (W - y_slots).clamp(0, 2 * W)  # slice start of C[., ., m - y]
+    out_start = (W - out_slots).clamp(0, 2 * W)  # slice start of C[., ., m - held[s, k-1]]
     x_start = (W - x_slots).clamp(0, 2 * W)
     off_start = (W + off2).clamp(0, 2 * W)
     for d in range(1, n):
@@ -118,7 +124,7 @@ def solve_table(model: ChainModel, memory: int, slots: int = 500) -> RotorTable:
         # option 2: checkpoint s..k-1 for k in s+1..t  -> shape (len(s), d, W)
         k = s[:, None] + torch.arange(1, d + 1)[None, :]
         tt = t[:, None].expand_as(k)
-        sub1 = U[k, tt, y_start[k - 1]]
+        sub1 = U[k, tt, out_start[s[:, None].expand_as(k), k - 1]]
         sub2 = U[s[:, None].expand_as(k), k - 1, off_start[k, tt]]
         opt2 = sub1.add_(sub2).add_((pfc[k] - pfc[s][:, None])[..., None])
         opt2.masked_fill_(disc[s[:, None], k - 1][..., None] > m, INF)
@@ -127,7 +133,7 @@ def solve_table(model: ChainModel, memory: int, slots: int = 500) -> RotorTable:
         store(s, t, torch.where(better, v2, best))
         what[s, t] = torch.where(better, (s[:, None] + 1 + arg2).to(torch.int32), 0)
     cost = P[:, :, mid]
-    return RotorTable(cost, what, slot, x_slots, y_slots, off2, model)
+    return RotorTable(cost, what, slot, x_slots, out_slots, off2, model)
 
 
 def rotor_regions(table: RotorTable, m: int | None = None) -> tuple[Region, ...] | None:
@@ -150,8 +156,24 @@ def rotor_regions(table: RotorTable, m: int | None = None) -> tuple[Region, ...]
                 continue
             m2 = min(S, m + int(table.off2[k, t]))
             out.append(Region(s, k, tuple(build(s, k - 1, m2))))
-            m -= int(table.y_slots[k - 1])
+            m -= int(table.out_slots[s, k - 1])
             s = k
         return out
 
     return tuple(build(0, n - 1, m))
+
+
+def solve_rotor(model: ChainModel, limit: int, slots: int = 500) -> tuple[Region, ...] | None:
+    """The rotor plan for ``limit`` bytes: nothing when everything fits, else the DP's optimum.
+
+    Sizes are rounded up to slots, so near the smallest feasible memory the table can miss a
+    plan that fits exactly; it is then solved once more with four times the slots.
+    """
+    if evaluate(model, ()).peak <= limit:
+        return ()
+    if limit <= 0:
+        return None
+    regions = rotor_regions(solve_table(model, limit, slots))
+    if regions is None:
+        regions = rotor_regions(solve_table(model, limit, 4 * slots))
+    return regions

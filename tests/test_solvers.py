@@ -1,0 +1,202 @@
+"""Solvers: rotor's optimality, Chen's plans, budget parsing, verified plans, plans as data."""
+import math
+import random
+
+import pytest
+import torch
+
+import remat
+from remat.budget import parse_budget
+from remat.solvers.base import Plan, Region
+from remat.solvers.chen import greedy_regions
+from remat.solvers.model import ChainModel, evaluate
+from remat.solvers.rotor import rotor_regions, solve_rotor, solve_table
+from remat.zoo import ResidualMLP, build
+
+from training import assert_same_step
+
+
+def random_model(n: int, rng: random.Random) -> ChainModel:
+    """A random chain with random residual blocks (a stage's output flowing over later cuts)."""
+    f = [rng.randint(1, 100) for _ in range(n)]
+    y = [rng.randint(1, 50) for _ in range(n)]
+    skip, skip_from = [0] * n, [-1] * n
+    i = 0
+    while i < n - 1:
+        if rng.random() < 0.5:
+            b0, length = i, rng.randint(1, 3)
+            for j in range(b0 + 1, min(n - 1, b0 + 1 + length)):
+                skip[j], skip_from[j] = y[b0], b0
+            i = b0 + 1 + length
+        else:
+            i += 1
+    x = [0] + [y[i] + skip[i] for i in range(n - 1)]
+    return ChainModel(tuple(f), tuple(x), tuple(y), tuple(y[i] + rng.randint(0, 80) for i in range(n)),
+                      tuple(rng.randint(0, 20) for _ in range(n)), tuple(rng.randint(0, 30) for _ in range(n)),
+                      tuple(rng.randint(0, 10) for _ in range(n)), tuple(y[i] + rng.randint(0, 40) for i in range(n)),
+                      tuple(skip), tuple(skip_from))
+
+
+def all_structures(start, stop, forbid=None):
+    """Every ordered list of disjoint regions in [start, stop), nested arbitrarily deep."""
+    if start >= stop:
+        yield []
+        return
+    yield from all_structures(start + 1, stop, forbid)
+    for end in range(start + 1, stop + 1):
+        if (start, end) == forbid:
+            continue
+        for inner in all_structures(start, end, (start, end)):
+            for rest in all_structures(end, stop, forbid):
+                yield [Region(start, end, tuple(inner))] + rest
+
+
+def exact_search(model: ChainModel, limit: int):
+    """Least recomputation over every nested plan, each evaluated by the model's simulator."""
+    best = None
+    for regions in all_structures(0, len(model)):
+        cost = evaluate(model, regions)
+        if cost.peak <= limit and (best is None or cost.recompute < best):
+            best = cost.recompute
+    return best
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_rotor_is_optimal_against_exhaustive_search(seed):
+    rng = random.Random(seed)
+    model = random_model(rng.randint(1, 6), rng)
+    top = evaluate(model, ()).peak
+    for limit in sorted({rng.randint(top // 3, top) for _ in range(4)} | {top}):
+        table = solve_table(model, limit, slots=limit)  # one byte per slot: no rounding
+        regions = rotor_regions(table)
+        best = exact_search(model, limit)
+        if regions is None:
+            assert best is None
+            continue
+        cost = evaluate(model, regions)
+        assert cost.peak <= limit
+        assert cost.recompute == float(table.cost[0, len(model) - 1, limit]) - sum(model.f)
+        assert cost.recompute == best
+
+
+def random_plans(n: int, rng: random.Random, count: int):
+    """Random nested plans, for chains too long to enumerate (10 stages: 211 million plans)."""
+    def build(start, stop, depth):
+        out, i = [], start
+        while i < stop:
+            if rng.random() < 0.4 and depth < 3:
+                end = rng.randint(i + 1, stop)
+                out.append(Region(i, end, tuple(build(i, end, depth + 1)) if end - i > 1 else ()))
+                i = end
+            else:
+                i += 1
+        return out
+    return [build(0, n, 0) for _ in range(count)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_rotor_beats_every_sampled_plan_on_ten_stages(seed):
+    rng = random.Random(100 + seed)
+    model = random_model(10, rng)
+    top = evaluate(model, ()).peak
+    limit = rng.randint(top // 2, top)
+    table = solve_table(model, limit, slots=limit)
+    regions = rotor_regions(table)
+    cost = evaluate(model, regions) if regions is not None else None
+    for plan in random_plans(10, rng, 3000):
+        c = evaluate(model, plan)
+        if c.peak <= limit:
+            assert cost is not None and cost.recompute <= c.recompute, (plan, c, cost)
+
+
+def test_discretized_rotor_plans_fit_and_are_not_worse_than_greedy():
+    rng = random.Random(7)
+    for _ in range(20):
+        model = random_model(rng.randint(3, 30), rng)
+        top = evaluate(model, ()).peak
+        for limit in (top // 2, (2 * top) // 3, top):
+            regions = solve_rotor(model, limit, 500)
+            greedy = greedy_regions(model, limit)
+            if greedy is not None:
+                assert regions is not None
+                assert evaluate(model, regions).recompute <= evaluate(model, greedy).recompute
+            if regions is not None:
+                assert evaluate(model, regions).peak <= limit
+
+
+@pytest.mark.parametrize("text, expected", [("50%", 0.5), ("0.25", 0.25), (0.75, 0.75), (1.0, 1.0)])
+def test_budget_fractions(text, expected):
+    assert parse_budget(text).fraction == pytest.approx(expected)
+    assert parse_budget(text).resolve(100, 300) == int(100 + expected * 200)
+
+
+@pytest.mark.parametrize("text, expected", [("1.5GiB", int(1.5 * 2**30)), ("800MB", 800_000_000), (123456, 123456),
+                                            ("4096", 4096)])
+def test_budget_bytes(text, expected):
+    assert parse_budget(text).bytes == expected
+
+
+@pytest.mark.parametrize("bad, message", [(-5, "positive"), (0, "positive"), (0.0, r"\(0, 1\]"), (1.5, r"\(0, 1\]"),
+                                          (float("nan"), "finite"), ("lots", "cannot parse"), ("-1GB", "cannot parse"),
+                                          ("150%", r"\(0, 1\]"), (True, "budget must be"), ("nan", "finite")])
+def test_bad_budgets_are_value_errors(bad, message):
+    with pytest.raises(ValueError, match=message):
+        parse_budget(bad)
+    with pytest.raises(ValueError, match=message):
+        remat.checkpoint(torch.nn.Linear(4, 4), (torch.randn(2, 4),), budget=bad)
+
+
+def test_infeasible_budget_names_the_minimum():
+    model = ResidualMLP(width=64, depth=4)
+    x = torch.randn(64, 32, 64)
+    with pytest.raises(remat.InfeasibleBudget, match=r"smallest feasible budget is about (\d+) bytes") as info:
+        remat.checkpoint(model, (x,), budget=0.01)
+    assert info.value.min_bytes > 0 and 0 < info.value.min_fraction < 1
+    gm = remat.checkpoint(model, (x,), budget=min(1.0, info.value.min_fraction + 0.05))
+    assert gm.remat_plan.predicted_peak_bytes <= gm.remat_plan.budget_bytes
+
+
+@pytest.mark.parametrize("solver", ["rotor", "chen-greedy"])
+def test_budgeted_plans_fit_measured_and_train_exactly(solver):
+    model = ResidualMLP(width=128, depth=6)
+    x = torch.randn(8, 64, 128)
+    gm = assert_same_step(model, lambda m: remat.checkpoint(m, (x,), budget=0.5, solver=solver), (x,))
+    plan = gm.remat_plan
+    assert plan.solver == solver and plan.regions
+    assert remat.measure_peak(gm, (x,)) <= plan.budget_bytes
+
+
+def test_recompute_never_grows_with_the_budget():
+    from remat.sweep import sweep
+
+    rows = sweep(ResidualMLP(width=128, depth=8), (torch.randn(8, 64, 128),), points=6, solvers=("rotor",))
+    feasible = [r for r in rows if r.peak_bytes is not None]
+    assert len(feasible) >= 4
+    for a, b in zip(feasible, feasible[1:]):
+        assert b.budget_bytes >= a.budget_bytes
+        assert b.recompute_ratio <= a.recompute_ratio + 1e-12
+        assert a.peak_bytes <= a.budget_bytes
+
+
+def test_plan_round_trips_through_json_and_reapplies(tmp_path):
+    work = build("mlp", 2)
+    gm = remat.checkpoint(work.model, work.inputs, budget="40%")
+    path = tmp_path / "plan.json"
+    gm.remat_plan.to_json(path)
+    plan = remat.load_plan(path)
+    assert plan == Plan.from_json(gm.remat_plan.to_json())
+    again = assert_same_step(work.model, lambda m: remat.apply_plan(m, work.inputs, plan), work.inputs)
+    assert again.code == gm.code
+    with pytest.raises(ValueError, match="different graph"):
+        remat.apply_plan(ResidualMLP(depth=3), work.inputs, plan)
+
+
+def test_resnet50_rotor_fits_at_budget_0_3_and_trains_exactly():
+    torchvision = pytest.importorskip("torchvision")
+    model = torchvision.models.resnet50()
+    x = torch.randn(4, 3, 224, 224)
+    gm = assert_same_step(model, lambda m: remat.checkpoint(m, (x,), budget=0.3), (x,))
+    assert remat.measure_peak(gm, (x,)) <= gm.remat_plan.budget_bytes
+    assert math.isclose(gm.remat_plan.budget_bytes,
+                        gm.remat_plan.info["fixed_bytes"] + 0.3 * (gm.remat_plan.info["unconstrained_peak_bytes"]
+                                                                   - gm.remat_plan.info["fixed_bytes"]), rel_tol=1e-6)
