@@ -174,9 +174,15 @@ def apply_regions(problem: Problem, regions: tuple[Region, ...], level: str = "b
 
 
 def _infeasible(problem: Problem, budget_bytes: int, solver: str, slots: int) -> InfeasibleBudget:
-    need = min_feasible_bytes(problem, slots)
+    need = min(min_feasible_bytes(problem, slots), problem.unconstrained)
     span = max(1, problem.unconstrained - problem.fixed)
     fraction = (need - problem.fixed) / span
+    if need >= problem.unconstrained:
+        return InfeasibleBudget(
+            f"no {solver} schedule fits a budget of {budget_bytes} bytes ({fmt_bytes(budget_bytes)}): checkpointing "
+            f"cannot lower this step's peak of {fmt_bytes(problem.unconstrained)}. It comes where little but "
+            f"parameters and their gradients is alive (fixed: {fmt_bytes(problem.fixed)}), typically at the end "
+            f"of the backward; the smallest feasible budget is {need} bytes, a fraction of 1.0", need, 1.0)
     return InfeasibleBudget(
         f"no {solver} schedule fits a budget of {budget_bytes} bytes ({fmt_bytes(budget_bytes)}); the smallest "
         f"feasible budget is about {need} bytes ({fmt_bytes(need)}), a fraction of {fraction:.3f} (fixed: "

@@ -95,6 +95,7 @@ def profile_graph(gm: fx.GraphModule, args: tuple, kwargs: dict | None = None) -
         if loss is not None:
             loss.backward()
         del loss
+        profiler.finish()
     grads = [t.grad for t in fake_params if t.grad is not None]
     nodes = [n.meta["remat"] for n in gm.graph.nodes]
     resident = _unique_bytes([*fake_params, *fake_buffers, *flat_inputs])

@@ -128,6 +128,8 @@ class NodeProfiler(fx.Interpreter):
         self._seen_grad_fns: set[int] = set()
         self._windows: dict[int, int] = {}
         self._bwd_calls = 0
+        self._last_bwd: NodeProfile | None = None
+        self.grad_owner: dict[int, tuple[torch.Tensor, NodeProfile]] = {}
 
     # --- forward -------------------------------------------------------------------------------
     def record_writes(self, prof: NodeProfile, func: Any, args: tuple) -> None:
@@ -199,14 +201,19 @@ class NodeProfiler(fx.Interpreter):
             self._seen_grad_fns.add(id(fn))
             fn.register_prehook(self._pre_hook(prof))
             fn.register_hook(self._post_hook(prof))
-            variable = getattr(fn, "variable", None)  # AccumulateGrad: the parameter's .grad lands here
-            if isinstance(variable, torch.Tensor):
-                prof.param_grad += variable.numel() * variable.element_size()
-            stack.extend(nxt for nxt, _ in fn.next_functions if nxt is not None)
+            for nxt, _ in fn.next_functions:
+                variable = getattr(nxt, "variable", None)  # AccumulateGrad: a parameter's .grad
+                if isinstance(variable, torch.Tensor):
+                    # the backward of the last node that uses a parameter creates its gradient first
+                    self.grad_owner[id(variable)] = (variable, prof)
+                if nxt is not None:
+                    stack.append(nxt)
 
     def _pre_hook(self, prof: NodeProfile):
         def hook(grad_outputs):
-            # Ops between two autograd nodes (gradient accumulation) stay with the last owner.
+            # Ops between two autograd nodes (gradient accumulation) stay with the last owner,
+            # and so does the memory they take.
+            self.flush_backward()
             self.current, self.tracker.owner = prof, prof.name
             self._windows[id(prof)] = mark = self.tracker.mark()
             if prof.bwd_order < 0:
@@ -220,4 +227,16 @@ class NodeProfiler(fx.Interpreter):
             produced = max(0, self.tracker.current - base)
             prof.bwd_tmp = max(prof.bwd_tmp, self.tracker.window_peak - base - produced)
             prof.bwd_peak_mark = max(prof.bwd_peak_mark, self.tracker.window_peak)
+            self._last_bwd = prof
         return hook
+
+    def flush_backward(self) -> None:
+        """Charge the peak since the last autograd node to it (gradient accumulation happens there)."""
+        if self._last_bwd is not None:
+            self._last_bwd.bwd_peak_mark = max(self._last_bwd.bwd_peak_mark, self.tracker.window_peak)
+
+    def finish(self) -> None:
+        """After the backward: parameter gradients go to the node whose backward creates them."""
+        self.flush_backward()
+        for variable, prof in self.grad_owner.values():
+            prof.param_grad += variable.numel() * variable.element_size()

@@ -12,6 +12,8 @@ each measured against the allocator's own events (``benchmarks/memory.py`` and t
   with a zero stride) is first copied to a contiguous buffer.
 * native_batch_norm_backward: one input-sized buffer for the normalized input.
 * native_layer_norm (forward and backward): non-contiguous operands are copied first.
+* the weight gradient of a patchify convolution (kernel == stride, under 8 input channels, as in
+  ViTs) keeps, per thread, four weight-sized partials and one image of patches;
 * channels-last convolutions run without reorders; the depthwise weight gradient with a kernel of
   5 or more uses a C·kh·kw·256-element reduction scratch.
 
@@ -102,6 +104,11 @@ def _conv_backward(args: tuple, kwargs: dict, out: Any) -> int:
         peak = max(_blocked(grad_out) + wb + blocked_gi, blocked_gi + gi + extra)
     if mask[1]:
         peak = max(peak, gi + max(_src_reorder(x) + _blocked(grad_out) + gw, 2 * gw))
+        if x.shape[1] < 8 and list(w.shape[2:]) == list(stride):
+            # a patchify convolution (kernel == stride) on a few-channel image: each thread keeps
+            # four weight-gradient partials and one image's worth of patches
+            per_thread = 4 * wb + x[0].numel() * x.element_size()
+            peak = max(peak, gi + gw + torch.get_num_threads() * per_thread)
     return max(0, base + peak - new)
 
 
