@@ -98,6 +98,17 @@ def decomposes(func: OpOverload) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), torch._C.DispatchKey.CompositeImplicitAutograd)
 
 
+def run_op(mode: TorchDispatchMode, func: OpOverload, args: tuple, kwargs: dict) -> tuple[Any, bool]:
+    """Run one op inside ``mode``'s dispatch; a composite op runs as its decomposition under
+    ``mode`` (so its parts are seen one by one).  Returns (output, ran_as_is)."""
+    if decomposes(func):
+        with mode:
+            out = func.decompose(*args, **kwargs)
+        if out is not NotImplemented:
+            return out, False
+    return func(*args, **kwargs), True
+
+
 class FlopCountingMode(TorchDispatchMode):
     """Applies ``counter`` to every op; decomposes composite ops like ``FlopCounterMode`` does."""
 
@@ -107,13 +118,9 @@ class FlopCountingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if decomposes(func):
-            with self:
-                out = func.decompose(*args, **kwargs)
-            if out is not NotImplemented:
-                return out
-        out = func(*args, **kwargs)
-        self.counter.count(func, args, kwargs, out)
+        out, as_is = run_op(self, func, args, kwargs)
+        if as_is:
+            self.counter.count(func, args, kwargs, out)
         return out
 
 

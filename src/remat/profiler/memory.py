@@ -15,11 +15,20 @@ from typing import Any
 
 import torch
 
-__all__ = ["StorageTracker", "storages_of", "storage_key"]
+__all__ = ["StorageTracker", "storages_of", "storage_key", "storage_bytes"]
 
 
 def storage_key(t: torch.Tensor) -> int:
     return id(t.untyped_storage())
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind live ``tensors`` (real or fake; views count once)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        st = t.untyped_storage()
+        seen[id(st)] = st.nbytes()
+    return sum(seen.values())
 
 
 def storages_of(out: Any) -> list[torch.UntypedStorage]:

@@ -16,7 +16,7 @@ from ..fake import FakeSession
 from ..step import loss_of, reparametrized
 from ..units import fmt_bytes, fmt_flops
 from .flops import BWD, LOSS
-from .memory import StorageTracker
+from .memory import StorageTracker, storage_bytes
 from .node import NodeProfile, NodeProfiler, _ProfileMode
 
 __all__ = ["ModelProfile", "profile_graph"]
@@ -61,14 +61,6 @@ class ModelProfile:
         return "\n".join(lines)
 
 
-def _unique_bytes(tensors: list[torch.Tensor]) -> int:
-    seen: dict[int, int] = {}
-    for t in tensors:
-        st = t.untyped_storage()
-        seen[id(st)] = st.nbytes()
-    return sum(seen.values())
-
-
 def profile_graph(gm: fx.GraphModule, args: tuple, kwargs: dict | None = None) -> ModelProfile:
     """Profile one training step of ``gm`` on fake tensors; writes ``node.meta["remat"]``."""
     start = time.perf_counter()
@@ -98,16 +90,16 @@ def profile_graph(gm: fx.GraphModule, args: tuple, kwargs: dict | None = None) -
         profiler.finish()
     grads = [t.grad for t in fake_params if t.grad is not None]
     nodes = [n.meta["remat"] for n in gm.graph.nodes]
-    resident = _unique_bytes([*fake_params, *fake_buffers, *flat_inputs])
+    resident = storage_bytes([*fake_params, *fake_buffers, *flat_inputs])
     return ModelProfile(
         fwd_flops=sum(n.fwd_flops for n in nodes) + profiler.unattributed["fwd"],
         bwd_flops=sum(n.bwd_flops for n in nodes) + profiler.unattributed["bwd"],
-        param_bytes=_unique_bytes(fake_params),
-        buffer_bytes=_unique_bytes(fake_buffers),
-        input_bytes=_unique_bytes(flat_inputs),
+        param_bytes=storage_bytes(fake_params),
+        buffer_bytes=storage_bytes(fake_buffers),
+        input_bytes=storage_bytes(flat_inputs),
         saved_bytes=sum(profiler.saved.values()),
         peak_bytes=resident + tracker.peak,
-        grad_bytes=_unique_bytes(grads),
+        grad_bytes=storage_bytes(grads),
         nodes=nodes,
         frontend=getattr(gm, "remat_frontend", ""),
         profile_seconds=time.perf_counter() - start,

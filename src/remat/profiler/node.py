@@ -16,7 +16,7 @@ from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .flops import BWD, FWD, LOSS, FlopCounter, decomposes
+from .flops import BWD, FWD, LOSS, FlopCounter, run_op
 from .memory import StorageTracker, storages_of
 from .workspace import workspace_bytes
 
@@ -90,12 +90,9 @@ class _ProfileMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if decomposes(func):
-            with self:
-                out = func.decompose(*args, **kwargs)
-            if out is not NotImplemented:
-                return out
-        out = func(*args, **kwargs)
+        out, as_is = run_op(self, func, args, kwargs)
+        if not as_is:
+            return out
         p = self.p
         flops = p.flops.count(func, args, kwargs, out)
         prof = p.current

@@ -14,9 +14,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..fake import FakeSession, module_of
-from ..measure import unique_storage_bytes
 from ..step import loss_of, reparametrized
-from .memory import StorageTracker, storages_of
+from .memory import StorageTracker, storage_bytes, storages_of
 from .workspace import workspace_bytes
 
 __all__ = ["StepMemory", "MemoryMode", "simulate_step"]
@@ -67,17 +66,6 @@ def simulate_step(fn: Callable[..., Any], args: tuple, kwargs: dict | None = Non
                 loss.backward()
             del loss
         grads = [t.grad for t in state.values() if t.grad is not None]
-        grad_bytes = unique_storage_bytes_fake(grads)
-    return StepMemory(unique_storage_bytes_fake(resident_tensors), tracker.peak, grad_bytes)
+        grad_bytes = storage_bytes(grads)
+    return StepMemory(storage_bytes(resident_tensors), tracker.peak, grad_bytes)
 
-
-def unique_storage_bytes_fake(tensors: list[torch.Tensor]) -> int:
-    """Bytes of distinct storages, for fake tensors (which have no data pointer)."""
-    seen: dict[int, int] = {}
-    for t in tensors:
-        st = t.untyped_storage()
-        seen[id(st)] = st.nbytes()
-    return sum(seen.values())
-
-
-_ = unique_storage_bytes  # real-tensor twin, in measure.py
