@@ -137,7 +137,13 @@ def main(argv=None) -> int:
         "simulating the generated module on fake tensors; measured peaks from one real CPU step (allocator "
         "events). Recompute is the forward work run again, as a share of the step's FLOPs. 'none' rows show "
         "the fixed bytes and the unconstrained peak (predicted, measured).",
-        md_table(header, rows), big, timing,
+        md_table(header, rows),
+        "Infeasible rows give the smallest fraction the rotor optimum reaches on this model. 1.000 means no "
+        "schedule lowers the peak at all: it comes where little but parameters and gradients is alive (the end "
+        "of the backward). A floor above 0.3 with rotor comes from one op no checkpoint can shrink (gpt2: the "
+        "LM head's backward copies the expanded logits gradient for BLAS). chen-greedy checkpoints one level "
+        "of segments and bottoms out above rotor.",
+        big, timing,
         "Sweeps (every solver over budgets from the smallest feasible to 1.0): `sweep_*.png` and `sweep_*.txt`.",
     ]
     if failures:
