@@ -177,7 +177,7 @@ def _stage(nodes: list[fx.Node], index: int, first: int, last: int, entry: froze
     x = sum(nbytes[u] for u in entry if u >= 0)
     y = sum(nbytes[u] for u in output)
     skip = sum(nbytes[u] for u in skip_uids)
-    skip_from = max((producer_stage[j] for j in skips), default=-1)
+    skip_from = max((producer_stage.get(j, -1) for j in skips), default=-1)  # -1: an input
     xbar = sum(nbytes[u] for u in saved | kept_output)
     g = sum(p.param_grad for p in profs)
     # Peaks from the profile run's allocator timeline (it keeps everything, like a stage outside

@@ -8,6 +8,9 @@ per node (between ``# COUNTER`` markers), which we regroup; so names, targets an
 exactly fx's own and ``gm.code`` reads like any traced module.  Parameters keep their names: the
 new module shares the traced module's submodules.
 
+Regions without random ops pass ``preserve_rng_state=False``; those with dropout keep the
+default, so recomputation replays the same masks.
+
 BatchNorm recomputation: ``torch.utils.checkpoint`` re-runs a region's forward during backward,
 which would update running statistics a second time.  Regions that write module state get a
 ``context_fn`` whose recompute context runs the state-writing ops on copies of the state.
@@ -101,6 +104,7 @@ class _NestingMixin:
 
     _remat_regions: tuple[_NodeRegion, ...] = ()
     _remat_frozen: frozenset[str] = frozenset()  # regions whose nodes write module state
+    _remat_random: frozenset[str] = frozenset()  # regions whose nodes draw random numbers
 
     def additional_globals(self) -> list[tuple[str, Any]]:
         return [*super().additional_globals(), ("remat_freeze_state", freeze_state)]  # type: ignore[misc]
@@ -108,7 +112,8 @@ class _NestingMixin:
     def _gen_python_code(self, nodes, root_module, namespace, **kwargs):  # type: ignore[override]
         node_list = list(nodes)
         previous = self._body_transformer  # type: ignore[attr-defined]
-        self._body_transformer = lambda body: _Nester(node_list, self._remat_regions, self._remat_frozen).run(body)
+        self._body_transformer = lambda body: _Nester(node_list, self._remat_regions, self._remat_frozen,
+                                                      self._remat_random).run(body)
         try:
             return super()._gen_python_code(nodes, root_module, namespace, **kwargs)  # type: ignore[misc]
         finally:
@@ -126,11 +131,13 @@ class RematPyTreeCodeGen(_NestingMixin, _PyTreeCodeGen):
 class _Nester:
     """Turns fx's flat body (a list of strings) into nested region functions."""
 
-    def __init__(self, nodes: list[fx.Node], regions: tuple[_NodeRegion, ...], frozen: frozenset[str]) -> None:
+    def __init__(self, nodes: list[fx.Node], regions: tuple[_NodeRegion, ...], frozen: frozenset[str],
+                 random: frozenset[str]) -> None:
         self.nodes = nodes
         self.index = {n: i for i, n in enumerate(nodes)}
         self.regions = regions
         self.frozen = frozen
+        self.random = random
 
     def run(self, body: list[str]) -> list[str]:
         self.stmt = self._statements(body)
@@ -244,18 +251,24 @@ class _Nester:
         ret = outputs[0] if len(outputs) == 1 else f"({', '.join(outputs)})"
         out.append(f"{inner}return {ret}\n")
         lhs = outputs[0] if len(outputs) == 1 else ", ".join(outputs)
-        ctx = ", context_fn=remat_freeze_state(self)" if r.name in self.frozen else ""
+        ctx = "" if r.name in self.random else ", preserve_rng_state=False"  # no RNG state to stash
+        ctx += ", context_fn=remat_freeze_state(self)" if r.name in self.frozen else ""
         call_args = ", ".join([r.name, *inputs])
         out.append(f"{indent}{lhs} = torch.utils.checkpoint.checkpoint({call_args}, use_reentrant=False{ctx}){suffix}\n")
 
 
-def _frozen(regions: tuple[_NodeRegion, ...], nodes: list[fx.Node]) -> set[str]:
+def _regions_with(flag: str, regions: tuple[_NodeRegion, ...], nodes: list[fx.Node]) -> set[str]:
+    """Names of the regions holding a node whose profile has ``flag`` set."""
     names: set[str] = set()
     for r in regions:
-        if any(getattr(nodes[i].meta.get(META_KEY), "mutates_state", False) for i in range(r.first, r.last + 1)):
+        if any(getattr(nodes[i].meta.get(META_KEY), flag, False) for i in range(r.first, r.last + 1)):
             names.add(r.name)
-        names |= _frozen(r.children, nodes)
+        names |= _regions_with(flag, r.children, nodes)
     return names
+
+
+def _frozen(regions: tuple[_NodeRegion, ...], nodes: list[fx.Node]) -> set[str]:
+    return _regions_with("mutates_state", regions, nodes)
 
 
 def generate(gm: fx.GraphModule, chain: Chain, regions: Sequence[Region]) -> fx.GraphModule:
@@ -270,6 +283,8 @@ def generate(gm: fx.GraphModule, chain: Chain, regions: Sequence[Region]) -> fx.
     node_regions = _node_regions(chain, regions)
     codegen._remat_regions = node_regions
     codegen._remat_frozen = frozenset(_frozen(node_regions, list(graph.nodes)))
+    # a region without random ops needs no RNG state: no 5 KB stash per call, no replay
+    codegen._remat_random = frozenset(_regions_with("random", node_regions, list(graph.nodes)))
     graph._codegen = codegen
     new = fx.GraphModule(gm, graph, class_name=type(gm).__name__)
     for attr in ("_in_spec", "_out_spec", "remat_frontend"):

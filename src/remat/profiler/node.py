@@ -23,6 +23,10 @@ from .workspace import workspace_bytes
 __all__ = ["NodeProfile", "NodeProfiler"]
 
 META_KEY = "remat"
+RANDOM_OPS = frozenset(
+    "bernoulli bernoulli_ native_dropout _fused_dropout rand rand_like randn randn_like randint randint_like "
+    "randperm normal normal_ uniform_ exponential_ geometric_ cauchy_ log_normal_ random_ multinomial "
+    "poisson rrelu_with_noise".split())
 
 
 @dataclass
@@ -43,6 +47,7 @@ class NodeProfile:
     fwd_transient: int = 0  # peak temporaries of the forward beyond the outputs
     mutates_state: bool = False  # writes a parameter or buffer in place (BatchNorm statistics)
     tensor_out: bool = False  # the node's value holds a tensor (else: a size, an int, None, ...)
+    random: bool = False  # draws random numbers (dropout): recomputing it must replay the RNG state
     # nodes whose storage this node writes in place (BatchNorm -> relu_): no cut may separate them
     writes_into: frozenset[str] = field(default=frozenset(), repr=False)
     # storage uids (StorageTracker), for stage-level accounting in chain.py
@@ -100,6 +105,8 @@ class _ProfileMode(TorchDispatchMode):
             if p.flops.phase == FWD:
                 prof.fwd_flops += flops
                 p.record_writes(prof, func, args)
+                if func._overloadpacket.__name__ in RANDOM_OPS:
+                    prof.random = True
             elif p.flops.phase == BWD:
                 prof.bwd_flops += flops
         elif flops:

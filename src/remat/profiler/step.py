@@ -5,7 +5,8 @@ the same definition ``measure_peak`` measures on a real run.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,24 @@ class MemoryMode(TorchDispatchMode):
         return out
 
 
+@contextmanager
+def _tracked_rng_state(tracker: StorageTracker) -> Iterator[None]:
+    """torch.utils.checkpoint stashes the CPU RNG state (a real 5 KB tensor, made outside any op)
+    for every region that preserves it; count those like any other storage."""
+    original = torch.get_rng_state
+
+    def get_rng_state() -> torch.Tensor:
+        state = original()
+        tracker.allocate([state.untyped_storage()])
+        return state
+
+    torch.get_rng_state = get_rng_state
+    try:
+        yield
+    finally:
+        torch.get_rng_state = original
+
+
 def simulate_step(fn: Callable[..., Any], args: tuple, kwargs: dict | None = None) -> StepMemory:
     """Predict the peak of one training step of ``fn`` (a module, or a callable using one)."""
     module = module_of(fn)
@@ -59,7 +78,7 @@ def simulate_step(fn: Callable[..., Any], args: tuple, kwargs: dict | None = Non
     resident_tensors = [*state.values(), *(t for t in flat if isinstance(t, torch.Tensor))]
     tracker = StorageTracker()
     tracker.mark_resident(resident_tensors)
-    with session.mode, reparametrized(module, state):
+    with session.mode, reparametrized(module, state), _tracked_rng_state(tracker):
         with MemoryMode(tracker):
             loss = loss_of(fn(*fargs, **fkwargs))
             if loss is not None:

@@ -1,0 +1,80 @@
+"""Fuzz soak: random DAG networks checkpointed at random budgets, counted.
+
+Each network (tests/fuzz_models.py) is checkpointed with rotor or chen-greedy at a random budget
+fraction in [0.2, 1]; one training step is compared with the original (outputs, gradients,
+buffers) and the measured peak with the budget. Writes benchmarks/results/fuzz.md.
+
+    python benchmarks/fuzz.py --n 1000 [--seed 0]
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import remat  # noqa: E402
+from fuzz_models import FuzzNet, random_spec  # noqa: E402
+from training import assert_same_step  # noqa: E402
+
+from common import write_result  # noqa: E402
+
+
+def one(seed: int) -> tuple[str, str]:
+    rng = random.Random(seed)
+    n = rng.randint(3, 16)
+    fraction = rng.uniform(0.2, 1.0)
+    solver = rng.choice(["rotor", "chen-greedy"])
+    model = FuzzNet(random_spec(rng, n)).train()
+    x = torch.randn(8, 8, 32, 32)
+    try:
+        gm = assert_same_step(model, lambda m: remat.checkpoint(m, (x,), budget=fraction, solver=solver), (x,))
+    except remat.InfeasibleBudget:
+        return "infeasible", ""
+    except AssertionError as e:
+        return "mismatch", str(e).splitlines()[0][:160]
+    except Exception as e:  # noqa: BLE001
+        return "error", f"{type(e).__name__}: {traceback.extract_tb(e.__traceback__)[-1].name}: {str(e)[:120]}"
+    measured = remat.measure_peak(gm, (x,))
+    if measured > gm.remat_plan.budget_bytes:
+        return "overrun", f"measured {measured} > budget {gm.remat_plan.budget_bytes}"
+    return ("fits" if gm.remat_plan.regions else "fits (no checkpoint needed)"), ""
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    counts: Counter[str] = Counter()
+    problems = []
+    start = time.perf_counter()
+    for i in range(args.n):
+        seed = args.seed * 1_000_000 + i
+        outcome, detail = one(seed)
+        counts[outcome] += 1
+        if outcome in ("mismatch", "overrun", "error"):
+            problems.append(f"seed {seed}: {outcome}: {detail}")
+        if (i + 1) % 50 == 0:
+            print(f"{i + 1}/{args.n} {dict(counts)}", flush=True)
+    seconds = time.perf_counter() - start
+    summary = (f"{args.n} random networks in {seconds:.0f} s: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+               + f". Gradient/output/buffer mismatches: {counts['mismatch']}; budget overruns: {counts['overrun']}; "
+               f"other errors: {counts['error']}.")
+    write_result("fuzz.md", "Fuzz soak", [summary] + (["Problems:\n\n" + "\n".join(f"- {p}" for p in problems[:50])]
+                                                       if problems else []))
+    print(summary)
+    for p in problems[:20]:
+        print(p)
+    return 0 if not problems else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

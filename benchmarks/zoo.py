@@ -1,0 +1,142 @@
+"""Model coverage: every torchvision classification model and four HF transformers, end to end.
+
+For each model at a small batch: trace (which frontend), profile, plan at budget 0.5 with rotor, one
+training step of the checkpointed module against the original (outputs, gradients, buffers), and the
+measured peak against the budget. Each model runs in its own process (a crash or a timeout is a row,
+not the end of the sweep). Writes benchmarks/results/zoo.md (and zoo.jsonl as it goes).
+
+    python benchmarks/zoo.py [--models resnet18,transformers:gpt2] [--timeout 900] [--batch 2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from common import RESULTS, md_table, write_result
+
+HF = ["transformers:gpt2", "transformers:bert", "transformers:llama", "transformers:vit"]
+
+
+def run_one(spec: str, batch: int, budget: float) -> dict:
+    """Everything for one model; returns a row dict (never raises)."""
+    import copy
+
+    import torch
+
+    import remat
+    from remat.errors import InfeasibleBudget
+    from remat.step import floating_outputs, loss_of
+    from remat.zoo import build
+
+    row: dict = {"model": spec, "ok": False}
+    start = time.perf_counter()
+    try:
+        work = build(spec, batch)
+        model = work.model.train()
+        twin = copy.deepcopy(model)
+        try:
+            gm = remat.checkpoint(twin, work.inputs, budget=budget, shared_inputs=work.shared_inputs)
+        except InfeasibleBudget as e:
+            row.update(reason=f"InfeasibleBudget: {str(e)[:200]}", min_fraction=e.min_fraction)
+            return row
+        plan = gm.remat_plan
+        row.update(frontend=plan.info["frontend"], stages=len(plan.stages), regions=len(plan.regions),
+                   granularity=plan.info["granularity"], budget=plan.budget_bytes,
+                   predicted=plan.predicted_peak_bytes, recompute=plan.recompute_ratio)
+
+        def step(m):
+            for p in m.parameters():
+                p.grad = None
+            torch.manual_seed(0)
+            out = m(*work.inputs)
+            loss_of(out).backward()
+            return ([t.detach() for t in floating_outputs(out)],
+                    {k: p.grad for k, p in m.named_parameters() if p.grad is not None},
+                    {k: b.clone() for k, b in m.named_buffers()})
+
+        ref, got = step(model), step(gm)
+        same = (len(ref[0]) == len(got[0]) and all(torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+                                                   for a, b in zip(ref[0], got[0])))
+        same &= ref[1].keys() == got[1].keys() and all(torch.allclose(ref[1][k], got[1][k], atol=1e-5, rtol=1e-4)
+                                                       for k in ref[1])
+        same &= ref[2].keys() == got[2].keys() and all(
+            torch.allclose(ref[2][k].float(), got[2][k].float(), atol=1e-5, rtol=1e-4) for k in ref[2])
+        measured = remat.measure_peak(gm, work.inputs)
+        row.update(measured=measured, fits=measured <= plan.budget_bytes, same=bool(same))
+        row["ok"] = bool(same) and measured <= plan.budget_bytes
+        if not row["ok"]:
+            row["reason"] = "gradients/outputs/buffers differ" if not same else "measured peak over budget"
+    except Exception as e:  # noqa: BLE001 - a row per failure
+        tb = traceback.extract_tb(e.__traceback__)
+        where = next((f"{f.filename.split('site-packages/')[-1]}:{f.lineno}" for f in reversed(tb)), "?")
+        row["reason"] = f"{type(e).__name__} at {where}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    finally:
+        row["seconds"] = round(time.perf_counter() - start, 1)
+    return row
+
+
+def models() -> list[str]:
+    import torchvision
+
+    return [f"torchvision:{m}" for m in torchvision.models.list_models(module=torchvision.models)] + HF
+
+
+def fmt(row: dict) -> list[str]:
+    mib = lambda b: f"{b / 2**20:.1f}" if isinstance(b, (int, float)) else "-"  # noqa: E731
+    err = (f"{100 * (row['predicted'] - row['measured']) / row['measured']:+.2f}%"
+           if "measured" in row and "predicted" in row else "-")
+    return [row["model"].replace("torchvision:", ""), row.get("frontend", "-"), str(row.get("stages", "-")),
+            mib(row.get("budget")), mib(row.get("predicted")), mib(row.get("measured")), err,
+            {True: "yes", False: "NO"}.get(row.get("fits"), "-"), {True: "yes", False: "NO"}.get(row.get("same"), "-"),
+            f"{row.get('recompute', 0):.1%}" if "recompute" in row else "-", str(row.get("seconds", "-")),
+            "pass" if row["ok"] else row.get("reason", "?")]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--budget", type=float, default=0.5)
+    ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # run a single model in this process, print JSON
+    args = ap.parse_args(argv)
+    if args.one:
+        print("ROW " + json.dumps(run_one(args.one, args.batch, args.budget)))
+        return 0
+    specs = [s if ":" in s else f"torchvision:{s}" for s in args.models.split(",") if s] or models()
+    log = RESULTS / "zoo.jsonl"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with log.open("w") as f:
+        for i, spec in enumerate(specs):
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--one", spec, "--batch", str(args.batch),
+                   "--budget", str(args.budget)]
+            try:
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+                line = next((ln for ln in done.stdout.splitlines() if ln.startswith("ROW ")), None)
+                row = json.loads(line[4:]) if line else {
+                    "model": spec, "ok": False, "reason": f"process died (exit {done.returncode}): "
+                                                          f"{(done.stderr.strip().splitlines() or ['?'])[-1][:200]}"}
+            except subprocess.TimeoutExpired:
+                row = {"model": spec, "ok": False, "reason": f"timeout after {args.timeout} s"}
+            rows.append(row)
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            print(f"[{i + 1}/{len(specs)}] " + " | ".join(fmt(row)), flush=True)
+    passed = sum(r["ok"] for r in rows)
+    header = ["model", "frontend", "stages", "budget MiB", "predicted MiB", "measured MiB", "error", "fits",
+              "same grads", "recompute", "s", "result"]
+    write_result("zoo.md", "Model coverage: plan at budget 0.5, train one step, compare",
+                 [f"Batch {args.batch}, rotor at budget {args.budget} (DESIGN.md fraction), CPU. {passed}/{len(rows)} "
+                  "pass (same outputs, gradients and buffers as the original model within 1e-5/1e-4, and measured "
+                  "peak <= budget).", md_table(header, [fmt(r) for r in rows])])
+    return 0 if passed == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""Property: random DAG networks checkpointed at random budgets train exactly like the original and
+stay within the budget (or InfeasibleBudget says nothing fits)."""
+import random
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import remat
+
+from fuzz_models import FuzzNet, random_spec
+from training import assert_same_step
+
+
+def check(seed: int, n: int, fraction: float, solver: str) -> str:
+    rng = random.Random(seed)
+    model = FuzzNet(random_spec(rng, n)).train()
+    x = torch.randn(8, 8, 32, 32)
+    try:
+        gm = assert_same_step(model, lambda m: remat.checkpoint(m, (x,), budget=fraction, solver=solver), (x,))
+    except remat.InfeasibleBudget:
+        return "infeasible"
+    assert remat.measure_peak(gm, (x,)) <= gm.remat_plan.budget_bytes
+    return "fits"
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 10**6), n=st.integers(3, 14), fraction=st.floats(0.2, 1.0),
+       solver=st.sampled_from(["rotor", "chen-greedy"]))
+def test_random_networks_train_exactly_within_budget(seed, n, fraction, solver):
+    check(seed, n, fraction, solver)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_fixed_random_networks(seed):
+    assert check(seed, 12, 0.4, "rotor") in ("fits", "infeasible")

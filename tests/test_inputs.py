@@ -1,0 +1,152 @@
+"""Inputs people really pass: one training step of the checkpointed module against the original."""
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+import remat
+
+from models import DictOutput, MultiOutput, SharedParams, ViewsAndInplace
+from training import assert_same_step
+
+
+def make(model, inputs, kwargs=None, solver="every-stage"):
+    return lambda m: remat.checkpoint(m, inputs, kwargs, solver=solver)
+
+
+class KwargsModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 16)
+
+    def forward(self, x, scale: float = 1.0, mask=None, use_b: bool = True):
+        h = torch.relu(self.a(x)) * scale
+        if mask is not None:
+            h = h * mask
+        return self.b(h) if use_b else h
+
+
+@dataclasses.dataclass
+class Out:
+    logits: torch.Tensor
+    hidden: torch.Tensor
+
+
+class DataclassOut(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        return Out(self.b(h), h)
+
+
+class Frozen(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU())
+        self.head = nn.Linear(32, 4)
+        for p in self.backbone.parameters():
+            p.requires_grad_(False)
+
+    def forward(self, x):
+        return self.head(self.backbone(x) + 1)
+
+
+class InplaceOnInputView(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+
+    def forward(self, x):
+        y = x.clone()
+        y[:, :4].mul_(2)  # in place on a view of a copy of the input
+        return self.a(y).relu_() + y
+
+
+def test_kwargs_and_non_tensor_arguments():
+    x, mask = torch.randn(4, 16), (torch.rand(4, 32) > 0.5).float()
+    kwargs = {"scale": 0.5, "mask": mask, "use_b": True}
+    gm = assert_same_step(KwargsModel(), make(None, (x,), kwargs), (x,), kwargs=kwargs)
+    assert gm.remat_plan.regions
+
+
+def test_tuple_dict_and_dataclass_outputs():
+    x = torch.randn(4, 3, 16, 16)
+    assert_same_step(MultiOutput(), make(None, (x,)), (x,))
+    y = torch.randn(8, 32)
+    assert_same_step(DictOutput(), make(None, (y,)), (y,))
+    z = torch.randn(5, 8)
+    assert_same_step(DataclassOut(), make(None, (z,)), (z,))
+
+
+def test_integer_inputs_and_tied_parameters():
+    ids = torch.randint(0, 100, (4, 12))
+    assert_same_step(SharedParams(), make(None, (ids,)), (ids,))
+
+
+def test_frozen_parameters():
+    x = torch.randn(8, 16)
+    gm = assert_same_step(Frozen(), make(None, (x,)), (x,))
+    assert all(not p.requires_grad for p in gm.backbone.parameters())
+
+
+def test_eval_mode():
+    torchvision = pytest.importorskip("torchvision")
+    model = torchvision.models.resnet18().eval()
+    x = torch.randn(2, 3, 32, 32)
+    assert_same_step(model, make(None, (x,)), (x,))
+
+
+def test_inputs_that_require_grad():
+    x = torch.randn(4, 64, requires_grad=True)
+    model = ViewsAndInplace()
+    ref = model(x).sum()
+    (gx,) = torch.autograd.grad(ref, x)
+    gm = remat.checkpoint(model, (x,), solver="every-stage")
+    (gx2,) = torch.autograd.grad(gm(x).sum(), x)
+    torch.testing.assert_close(gx2, gx)
+
+
+def test_inplace_on_views_of_inputs():
+    x = torch.randn(4, 16)
+    assert_same_step(InplaceOnInputView(), make(None, (x,)), (x,))
+
+
+def test_bf16_autocast_on_cpu():
+    x = torch.randn(8, 16)
+    model = KwargsModel()
+
+    def run(m):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return m(x)
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        gm = remat.checkpoint(model, (x,), solver="every-stage")
+    torch.manual_seed(0)
+    ref = run(model)
+    ref.float().sum().backward()
+    ref_grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    got = run(gm)
+    got.float().sum().backward()
+    torch.testing.assert_close(got, ref)
+    for k, p in gm.named_parameters():
+        torch.testing.assert_close(p.grad, ref_grads[k])
+
+
+def test_public_functions_never_modify_the_model():
+    torchvision = pytest.importorskip("torchvision")
+    model = torchvision.models.resnet18()
+    x = torch.randn(2, 3, 32, 32)
+    before = {k: (v.data_ptr(), v.clone()) for k, v in model.state_dict().items()}
+    remat.count_flops(model, (x,))
+    remat.profile(model, (x,))
+    remat.measure_peak(model, (x,))
+    remat.checkpoint(model, (x,), solver="chen-sqrtn")
+    for k, v in model.state_dict().items():
+        assert v.data_ptr() == before[k][0] and torch.equal(v, before[k][1]), k
+    assert all(p.grad is None for p in model.parameters())
+    assert model.training
