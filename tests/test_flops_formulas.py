@@ -72,9 +72,10 @@ def test_views_and_copies_are_zero_and_not_unknown():
 
 def test_unknown_op_is_reported_never_silently_zero():
     x = torch.randn(4, 16, requires_grad=True)
-    c = remat.count_flops(lambda t: torch.fft.rfft(t).abs(), (x,))
+    with pytest.warns(remat.RematWarning, match="no FLOP formula for aten._fft_r2c"):
+        c = remat.count_flops(lambda t: torch.fft.rfft(t).abs(), (x,))
     assert any("fft" in op for op in c.unknown_ops), c.unknown_ops
-    assert all("fft" not in op for op in c.fwd_by_op)
+    assert c.fwd_by_op["aten._fft_r2c"] == 4 * 16  # conservative estimate: its largest tensor's elements
 
 
 def test_fwd_equals_flop_counter_mode_on_covered_ops():

@@ -150,3 +150,21 @@ def test_public_functions_never_modify_the_model():
         assert v.data_ptr() == before[k][0] and torch.equal(v, before[k][1]), k
     assert all(p.grad is None for p in model.parameters())
     assert model.training
+
+
+class DataDependent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent Python control flow: neither frontend can trace it
+            return self.a(x)
+        return -x
+
+
+def test_untraceable_model_is_a_trace_error_naming_the_line():
+    with pytest.raises(remat.TraceError, match=r"if x.sum\(\) > 0") as info:
+        remat.checkpoint(DataDependent(), (torch.randn(2, 4),), budget=0.5)
+    assert "symbolic_trace failed" in str(info.value) and "torch.export failed" in str(info.value)
+    assert "Try:" in str(info.value)

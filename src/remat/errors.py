@@ -1,7 +1,11 @@
 """Errors remat raises on purpose; anything else escaping a public function is a bug."""
 from __future__ import annotations
 
-__all__ = ["RematError", "TraceError", "InfeasibleBudget"]
+__all__ = ["RematError", "TraceError", "InfeasibleBudget", "RematWarning"]
+
+
+class RematWarning(UserWarning):
+    """Something remat had to estimate (an op without a formula)."""
 
 
 class RematError(Exception):

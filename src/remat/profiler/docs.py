@@ -19,8 +19,8 @@ Conventions: 2 FLOPs per multiply-add for matmul, convolution and attention (exa
 one FLOP per element per elementary operation, a transcendental function (exp, log, erf, tanh) being
 one operation. N is the number of elements of the op's input, O of its output. In-place (`relu_`)
 and `out=` variants share their op's formula. Views and metadata queries are 0 FLOPs. Any other op
-that reaches the dispatcher without a formula is reported in `FlopCount.unknown_ops`, never counted
-as a silent zero.
+that reaches the dispatcher without a formula is listed in `FlopCount.unknown_ops`, warned about once
+(`remat.RematWarning`) and estimated at 1 FLOP per element of its largest tensor: never a silent zero.
 """
 
 

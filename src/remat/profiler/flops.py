@@ -7,6 +7,7 @@ allocated: parameters and inputs are fake twins, so batch 4000 of resnet50 count
 from __future__ import annotations
 
 import functools
+import warnings
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ import torch
 from torch._ops import OpOverload
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..errors import RematWarning
 from ..fake import FakeSession, module_of
 from ..step import loss_of, reparametrized
 from . import formulas_mac, formulas_nn, formulas_pointwise  # noqa: F401  (fill the registry)
@@ -36,7 +38,7 @@ class FlopCount:
     bwd_macs: int = 0
     fwd_by_op: dict[str, int] = field(default_factory=dict)  # key: overload packet, "aten.convolution"
     bwd_by_op: dict[str, int] = field(default_factory=dict)
-    unknown_ops: dict[str, int] = field(default_factory=dict)  # op -> calls, ops with no formula
+    unknown_ops: dict[str, int] = field(default_factory=dict)  # op -> calls, ops with no formula (estimated)
 
     @property
     def total(self) -> int:
@@ -57,7 +59,7 @@ class FlopCount:
                          f"{fmt_flops(self.bwd_by_op.get(op, 0)):>12}{share:>8.1%}")
         if self.unknown_ops:
             lines.append("")
-            lines.append("ops without a formula (not counted): "
+            lines.append("ops without a formula (estimated at 1 FLOP per element): "
                          + ", ".join(f"{k} x{v}" for k, v in sorted(self.unknown_ops.items())))
         return "\n".join(lines)
 
@@ -75,12 +77,16 @@ class FlopCounter:
         """FLOPs of one op call, recorded under the current phase."""
         found = lookup(func)
         if found.formula is None:
-            if not found.zero:
-                self.unknown[str(func._overloadpacket)] += 1
-            return 0
-        flops = int(found.formula.fn(*args, **kwargs, out_val=out))
+            if found.zero:
+                return 0
+            name = str(func._overloadpacket)
+            self.unknown[name] += 1
+            _warn_unknown(name)
+            flops = unknown_estimate(args, out)
+        else:
+            flops = int(found.formula.fn(*args, **kwargs, out_val=out))
         self.by_op[self.phase][str(func._overloadpacket)] += flops
-        if found.formula.mac:
+        if found.formula is not None and found.formula.mac:
             self.macs[self.phase] += flops // 2
         return flops
 
@@ -88,6 +94,18 @@ class FlopCounter:
         fwd, bwd = dict(self.by_op[FWD]), dict(self.by_op[BWD])
         return FlopCount(sum(fwd.values()), sum(bwd.values()), self.macs[FWD], self.macs[BWD],
                          fwd, bwd, dict(self.unknown))
+
+
+def unknown_estimate(args: tuple, out: Any) -> int:
+    """An op with no formula: one FLOP per element of its largest tensor (never zero)."""
+    sizes = [t.numel() for t in torch.utils._pytree.tree_leaves((args, out)) if isinstance(t, torch.Tensor)]
+    return max([1, *sizes])
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_unknown(name: str) -> None:
+    warnings.warn(f"remat: no FLOP formula for {name}; counting 1 FLOP per element of its largest tensor "
+                  "(listed in FlopCount.unknown_ops)", RematWarning, stacklevel=3)
 
 
 @functools.lru_cache(maxsize=None)
