@@ -168,3 +168,24 @@ def test_untraceable_model_is_a_trace_error_naming_the_line():
         remat.checkpoint(DataDependent(), (torch.randn(2, 4),), budget=0.5)
     assert "symbolic_trace failed" in str(info.value) and "torch.export failed" in str(info.value)
     assert "Try:" in str(info.value)
+
+
+def test_internal_errors_are_reported_as_remat_bugs(monkeypatch):
+    import remat.planner
+
+    def broken(model, max_stages):
+        return remat.planner._expand((remat.Region(0, 1),), [])  # an IndexError inside remat's own code
+
+    monkeypatch.setattr(remat.planner, "_coarsen", broken)
+    with pytest.raises(remat.InternalError, match="bug in remat"):
+        remat.checkpoint(KwargsModel(), (torch.randn(2, 16),), budget=0.5)
+
+
+class RaisesKeyError(nn.Module):
+    def forward(self, x):
+        return {}["missing"]
+
+
+def test_errors_of_the_users_model_are_not_disguised():
+    with pytest.raises(KeyError, match="missing"):
+        remat.measure_peak(RaisesKeyError(), (torch.randn(2),))

@@ -8,6 +8,7 @@ import torch
 from torch import fx
 
 from .budget import parse_budget
+from .errors import public
 from .planner import BUDGETED, SOLVERS, Problem, apply_regions, plan_problem, prepare
 from .profiler.model import ModelProfile, profile_graph
 from .solvers.base import Plan
@@ -20,6 +21,7 @@ def _as_args(example_inputs: Any) -> tuple:
     return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
 
 
+@public
 def profile(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | None = None) -> ModelProfile:
     """Predict FLOPs, per-node memory and the peak of one training step, on fake tensors.
 
@@ -31,6 +33,7 @@ def profile(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | Non
     return profile_graph(gm, args, kwargs)
 
 
+@public
 def checkpoint(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | None = None, *,
                budget: int | float | str | None = None, solver: str = "rotor",
                shared_inputs: tuple[str, ...] = (), slots: int = 500) -> fx.GraphModule:
@@ -52,6 +55,7 @@ def checkpoint(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | 
     return gm
 
 
+@public
 def apply_plan(model: torch.nn.Module, example_inputs: Any, plan: Plan, kwargs: dict | None = None, *,
                shared_inputs: tuple[str, ...] = ()) -> fx.GraphModule:
     """Re-apply a saved plan without solving; the model must trace to the same stages."""

@@ -1,7 +1,7 @@
 """Errors remat raises on purpose; anything else escaping a public function is a bug."""
 from __future__ import annotations
 
-__all__ = ["RematError", "TraceError", "InfeasibleBudget", "RematWarning"]
+__all__ = ["RematError", "TraceError", "InfeasibleBudget", "RematWarning", "InternalError", "public"]
 
 
 class RematWarning(UserWarning):
@@ -23,3 +23,35 @@ class InfeasibleBudget(RematError):
         super().__init__(message)
         self.min_bytes = min_bytes
         self.min_fraction = min_fraction
+
+
+class InternalError(RematError):
+    """A bug in remat itself (never the user's fault); the message says where, to report it."""
+
+
+_INTERNAL = (AttributeError, KeyError, IndexError, AssertionError, ZeroDivisionError, UnboundLocalError)
+
+
+def public(fn):
+    """Public entry points: an internal exception raised inside remat's own code becomes an
+    InternalError that says so, instead of a bare KeyError from deep inside the package."""
+    import functools
+    import os
+    import traceback
+
+    package = os.path.dirname(os.path.abspath(__file__))
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except _INTERNAL as e:
+            frames = traceback.extract_tb(e.__traceback__)
+            if not frames or not os.path.abspath(frames[-1].filename).startswith(package):
+                raise  # raised by the user's model or by torch: theirs to see as is
+            where = f"{os.path.relpath(frames[-1].filename, os.path.dirname(package))}:{frames[-1].lineno}"
+            raise InternalError(f"remat internal error in {fn.__name__} ({type(e).__name__} at {where}: {e}). "
+                                "This is a bug in remat, not in your model; please report it with this message."
+                                ) from e
+
+    return wrapper
