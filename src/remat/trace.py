@@ -23,8 +23,18 @@ __all__ = ["trace", "FRONTENDS"]
 FRONTENDS = ("symbolic_trace", "export")
 
 
+class _Tracer(fx.Tracer):
+    """symbolic_trace's tracer, but buffers read through ``self.x`` become get_attr nodes with
+    their own names (by default a buffer used as ``self.buf.view(-1)`` is baked in as an anonymous
+    ``_tensor_constantN``, and the traced module's state_dict keys would differ from the model's)."""
+
+    proxy_buffer_attributes = True
+
+
 def _symbolic(model: torch.nn.Module) -> fx.GraphModule:
-    gm = fx.symbolic_trace(model)
+    tracer = _Tracer()
+    graph = tracer.trace(model)
+    gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
     gm.remat_frontend = "symbolic_trace"
     return gm
 

@@ -72,5 +72,8 @@ register_zero(
     "index_copy index_copy_ scatter scatter_ _pin_memory _foreach_copy_ unfold_backward",
     "moves, copies, gathers or creates data: no arithmetic",
 )
+register_zero("_assert_tensor_metadata _assert_async _assert_scalar _functional_assert_async sym_constrain_range "
+              "sym_constrain_range_for_size _print record_stream",
+              "a check or annotation: reads metadata, computes nothing")
 register_zero("as_strided_ squeeze_ unsqueeze_ t_ transpose_ swapdims_ detach_ _unsafe_set_version_counter",
               "in-place view: changes sizes or strides only")

@@ -1,0 +1,234 @@
+"""remat side by side with what users would pick instead, measured the same way in one run.
+
+Systems, per model: no checkpoint; every block checkpointed by hand (torch.utils.checkpoint around
+each residual block / transformer layer, non-reentrant, as HF's gradient_checkpointing_enable does);
+torch.compile (inductor, CPU) at activation_memory_budget 0.0..1.0; remat rotor and chen-greedy at
+budgets 0.2..1.0. For each: the measured peak of one training step (DESIGN.md, CPU allocator events),
+the step time as a ratio to no checkpointing (median of --steps steps after a warm-up, same run),
+compile/plan time separately, and recompute FLOPs where they are known. Writes
+benchmarks/results/peers.md and peers_<model>.png (measured peak vs step-time ratio).
+
+    python benchmarks/peers.py [--models resnet50,vit_b_16,gpt2] [--steps 5] [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+import remat
+from remat.step import loss_of
+from remat.units import fmt_bytes
+from remat.zoo import build
+
+from common import RESULTS, md_table, write_result
+
+MODELS = {"resnet50": ("torchvision:resnet50", 8), "vit_b_16": ("torchvision:vit_b_16", 8),
+          "gpt2": ("transformers:gpt2:layers=6,width=512,heads=8,seq=256", 4)}
+
+
+@dataclass
+class Point:
+    system: str
+    peak: int
+    time: float  # seconds per step (median)
+    setup: float  # compile / plan seconds
+    recompute: float | None  # share of the step's FLOPs, when known
+
+
+class Blockwise(torch.nn.Module):
+    """Runs one block under torch.utils.checkpoint (non-reentrant)."""
+
+    def __init__(self, block: torch.nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, *args, **kwargs):
+        return checkpoint(self.block, *args, use_reentrant=False, **kwargs)
+
+
+def every_block(name: str, model: torch.nn.Module) -> torch.nn.Module:
+    model = copy.deepcopy(model)
+    if name == "gpt2":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return model
+    if name == "resnet50":
+        for layer in (model.layer1, model.layer2, model.layer3, model.layer4):
+            for i in range(len(layer)):
+                layer[i] = Blockwise(layer[i])
+    else:  # vit_b_16
+        layers = model.encoder.layers
+        for key in list(layers._modules):
+            layers._modules[key] = Blockwise(layers._modules[key])
+    return model
+
+
+def step_time(module, inputs, steps: int) -> float:
+    def step():
+        for p in module.parameters():
+            p.grad = None
+        loss_of(module(*inputs)).backward()
+
+    step()  # warm-up (compiles, caches)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    for p in module.parameters():
+        p.grad = None
+    return statistics.median(times)
+
+
+def compiled(model, budget: float):
+    import torch._dynamo
+    import torch._functorch.config as fconfig
+
+    torch._dynamo.reset()
+    fconfig.activation_memory_budget = budget
+    return torch.compile(copy.deepcopy(model))
+
+
+def recompute_of(module, inputs, base_bwd: int, step_flops: int) -> float:
+    """Recompute of a checkpointed module: its extra backward FLOPs (the recomputed forwards)."""
+    count = remat.count_flops(module, inputs)
+    return max(0, count.bwd - base_bwd) / step_flops
+
+
+def run_model(name: str, steps: int, quick: bool) -> tuple[list[Point], str]:
+    spec, batch = MODELS[name]
+    work = build(spec, batch)
+    model, inputs = work.model.train(), work.inputs
+    base = remat.count_flops(model, inputs)
+    step_flops = base.fwd + base.bwd
+    points = [Point("no checkpoint", remat.measure_peak(model, inputs), step_time(model, inputs, steps), 0.0, 0.0)]
+    print(f"{name}: no checkpoint {fmt_bytes(points[0].peak)} {points[0].time:.2f}s", flush=True)
+
+    blocks = every_block(name, model)
+    points.append(Point("every block", remat.measure_peak(blocks, inputs), step_time(blocks, inputs, steps), 0.0,
+                        recompute_of(blocks, inputs, base.bwd, step_flops)))
+    del blocks
+
+    for budget in ((0.0, 0.5, 1.0) if quick else (0.0, 0.25, 0.5, 0.75, 1.0)):
+        start = time.perf_counter()
+        try:
+            fn = compiled(model, budget)
+            seconds = step_time(fn, inputs, steps)
+            setup = time.perf_counter() - start - seconds * (steps + 1)
+            points.append(Point(f"torch.compile budget={budget}", remat.measure_peak(fn, inputs), seconds,
+                                max(0.0, setup), None))
+        except Exception as e:  # noqa: BLE001 - a failing peer is a result, not a crash
+            print(f"{name}: torch.compile budget={budget} failed: {type(e).__name__}: {e}", flush=True)
+        gc.collect()
+
+    for solver in ("rotor", "chen-greedy"):
+        for budget in ((0.3, 0.6, 1.0) if quick else (0.2, 0.4, 0.6, 0.8, 1.0)):
+            start = time.perf_counter()
+            try:
+                gm = remat.checkpoint(model, inputs, budget=budget, solver=solver, shared_inputs=work.shared_inputs)
+            except remat.InfeasibleBudget:
+                continue
+            setup = time.perf_counter() - start
+            points.append(Point(f"remat {solver} {budget}", remat.measure_peak(gm, inputs),
+                                step_time(gm, inputs, steps), setup, gm.remat_plan.recompute_ratio))
+            del gm
+            gc.collect()
+    for p in points:
+        print(f"{name}: {p.system:28s} {fmt_bytes(p.peak):>12} {p.time / points[0].time:6.2f}x", flush=True)
+    return points, plot(name, points)
+
+
+def plot(name: str, points: list[Point]) -> str:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    base = points[0].time
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, prefix, style in (("remat rotor", "remat rotor", "o-"), ("remat chen-greedy", "remat chen", "s--"),
+                                 ("torch.compile", "torch.compile", "^:")):
+        pts = sorted((p.peak / 2**20, p.time / base) for p in points if p.system.startswith(prefix))
+        if pts:
+            ax.plot([q[0] for q in pts], [q[1] for q in pts], style, label=label)
+    for p in points:
+        if p.system in ("no checkpoint", "every block"):
+            ax.plot(p.peak / 2**20, p.time / base, "k*" if p.system == "no checkpoint" else "kD", ms=10, label=p.system)
+    ax.set_xlabel("measured peak memory (MiB)")
+    ax.set_ylabel("step time / no checkpoint")
+    ax.set_title(name)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = RESULTS / f"peers_{name}.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path.name
+
+
+def compare(name: str, points: list[Point]) -> str:
+    """Where remat's front lies relative to each peer: memory at equal time, time at equal memory."""
+    base = points[0].time
+    ours = [p for p in points if p.system.startswith("remat")]
+    lines = []
+    for peer in (p for p in points if not p.system.startswith("remat")):
+        faster = [p for p in ours if p.time <= peer.time * 1.02]
+        smaller = [p for p in ours if p.peak <= peer.peak]
+        mem = (f"at no more time remat needs {fmt_bytes(min(p.peak for p in faster))} vs {fmt_bytes(peer.peak)}"
+               if faster else "remat has no point as fast")
+        tim = (f"at no more memory remat takes {min(p.time for p in smaller) / base:.2f}x vs {peer.time / base:.2f}x"
+               if smaller else f"remat has no point as small ({fmt_bytes(min(p.peak for p in ours))} at best)"
+               if ours else "no remat point")
+        lines.append(f"- vs {peer.system}: {mem}; {tim}.")
+    return f"**{name}**\n\n" + "\n".join(lines)
+
+
+def rockmate_status() -> str:
+    try:
+        import rockmate  # noqa: F401
+        return "rockmate imported; not benchmarked here."
+    except Exception as e:  # noqa: BLE001
+        installed = subprocess.run([sys.executable, "-m", "pip", "show", "rockmate"], capture_output=True, text=True)
+        where = "installed" if installed.returncode == 0 else "not installed in this environment"
+        return (f"rockmate ({where}) cannot run here: `import rockmate` fails with {type(e).__name__}: {e}. "
+                "With `pip install rockmate` (2.0.0, the latest on PyPI) the import fails inside its dependency "
+                "rkgb 2.0.0, whose published wheel lacks the `rkgb.core` package; rockmate also measures "
+                "memory with CUDA APIs, and this machine has no GPU.")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="fewer budgets per system")
+    args = ap.parse_args(argv)
+    tables, analysis, plots = [], [], []
+    header = ["model", "system", "measured peak", "step time / none", "setup s", "recompute"]
+    for name in args.models.split(","):
+        points, png = run_model(name, args.steps, args.quick)
+        base = points[0].time
+        tables += [[name, p.system, fmt_bytes(p.peak), f"{p.time / base:.2f}", f"{p.setup:.1f}",
+                    "-" if p.recompute is None else f"{p.recompute:.1%}"] for p in points]
+        analysis.append(compare(name, points))
+        plots.append(f"![{name}]({png})")
+        gc.collect()
+    write_result("peers.md", "remat vs the alternatives", [
+        f"CPU, {torch.get_num_threads()} threads. Same inputs, seeds and measurement for every system: measured "
+        "peak of one training step (allocator events, after a warm-up step), step time as the median of "
+        f"{args.steps} steps after a warm-up, relative to no checkpointing in the same run. 'setup' is "
+        "torch.compile's compile time or remat's planning time. torch.compile recompute is not reported "
+        "(its partitioner's choices are not exposed).",
+        md_table(header, tables), "## Where remat stands\n\n" + "\n\n".join(analysis),
+        "## Rockmate\n\n" + rockmate_status(), "\n".join(plots)])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
