@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
-import time
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode

@@ -1,6 +1,4 @@
 """remat.profile: per-node statistics and the predicted peak, checked against real runs."""
-import os
-
 import pytest
 import torch
 

@@ -150,11 +150,6 @@ def cuts(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, split_blocks:
     return found
 
 
-def allowed_cuts(gm: fx.GraphModule, shared_inputs: Iterable[str] = ()) -> list[int]:
-    """Indices n (into graph.nodes) after which a stage may end without a skip connection crossing."""
-    return [c.index for c in cuts(gm, shared_inputs) if c.coarse]
-
-
 def _uids(nodes: list[fx.Node], crossing: Iterable[int]) -> frozenset[int]:
     return frozenset(u for j in crossing for u in _profile_of(nodes[j]).value_uids)
 

@@ -74,8 +74,3 @@ class FakeSession:
         """Fake parameters and buffers by fully qualified name (tied names map to one fake)."""
         named = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
         return {name: self.tensor(t) for name, t in named}
-
-
-def call_with_state(module: torch.nn.Module, state: dict[str, torch.Tensor], args: tuple, kwargs: dict) -> Any:
-    """Run ``module`` with ``state`` in place of its parameters and buffers; the module is restored after."""
-    return torch.func.functional_call(module, state, args, kwargs, tie_weights=True, strict=False)

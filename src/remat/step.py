@@ -7,7 +7,7 @@ dataclasses or named tuples.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -58,7 +58,3 @@ def reparametrized(module: torch.nn.Module | None, state: dict[str, torch.Tensor
 
     with _reparametrize_module(module, state, tie_weights=True, strict=False):
         yield
-
-
-def call(fn: Callable[..., Any], args: tuple, kwargs: dict | None) -> Any:
-    return fn(*args, **(kwargs or {}))

@@ -122,8 +122,3 @@ class StorageTracker:
     @property
     def window_peak(self) -> int:
         return self._window_peak
-
-    def live_bytes(self, tensors: Iterable[torch.Tensor]) -> int:
-        """Bytes of the distinct tracked (non-resident) storages behind ``tensors``."""
-        keys = {storage_key(t) for t in tensors if isinstance(t, torch.Tensor)}
-        return sum(self._live.get(k, 0) for k in keys)

@@ -83,7 +83,7 @@ def _conv_backward(args: tuple, kwargs: dict, out: Any) -> int:
     transposed, groups, mask = args[7], args[9], args[10]
     if transposed:
         return 0
-    go, xi, wb = _nbytes(grad_out), _nbytes(x), _nbytes(w)
+    xi, wb = _nbytes(x), _nbytes(w)
     gi = xi if mask[0] else 0
     gw = wb if mask[1] else 0
     new = sum(_nbytes(o) for o in out if isinstance(o, torch.Tensor))
