@@ -200,3 +200,10 @@ def test_resnet50_rotor_fits_at_budget_0_3_and_trains_exactly():
     assert math.isclose(gm.remat_plan.budget_bytes,
                         gm.remat_plan.info["fixed_bytes"] + 0.3 * (gm.remat_plan.info["unconstrained_peak_bytes"]
                                                                    - gm.remat_plan.info["fixed_bytes"]), rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("solver", ["rotor", "chen-greedy"])
+def test_budget_one_checkpoints_nothing(solver):
+    model, x = ResidualMLP(width=64, depth=4), torch.randn(8, 32, 64)
+    gm = remat.checkpoint(model, (x,), budget=1.0, solver=solver)
+    assert gm.remat_plan.regions == () and gm.remat_plan.recompute_flops == 0

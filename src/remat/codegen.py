@@ -13,7 +13,9 @@ default, so recomputation replays the same masks.
 
 BatchNorm recomputation: ``torch.utils.checkpoint`` re-runs a region's forward during backward,
 which would update running statistics a second time.  Regions that write module state get a
-``context_fn`` whose recompute context runs the state-writing ops on copies of the state.
+``context_fn`` whose recompute context freezes it: BatchNorm modules run with momentum 0 and get
+their batch counters back; state written by aten ops (torch.export graphs) is protected by a
+dispatch mode that runs those ops on copies.
 """
 from __future__ import annotations
 
@@ -68,10 +70,39 @@ class _FrozenStateMode(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def freeze_state(module: torch.nn.Module):
-    """``context_fn`` for checkpoint: recompute without updating ``module``'s buffers again."""
+class _FrozenBatchNorms:
+    """During recomputation: BatchNorm modules run with momentum 0 (their statistics keep their
+    values: 1 * old + 0 * new) and their batch counters are put back.  No per-op Python dispatch,
+    so recomputation runs at full speed."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.norms = [m for m in module.modules()
+                      if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+
+    def __enter__(self) -> None:
+        self.saved = [(m, m.momentum, None if m.num_batches_tracked is None else m.num_batches_tracked.clone())
+                      for m in self.norms]
+        for m in self.norms:
+            m.momentum = 0.0
+
+    def __exit__(self, *exc: object) -> None:
+        with torch.no_grad():
+            for m, momentum, count in self.saved:
+                m.momentum = momentum
+                if count is not None:
+                    m.num_batches_tracked.copy_(count)
+
+
+def freeze_state(module: torch.nn.Module, ops: bool = False):
+    """``context_fn`` for checkpoint: recompute without updating ``module``'s buffers again.
+
+    ``ops=False``: the state writers are BatchNorm modules (symbolic traces), frozen module by
+    module; ``ops=True``: they are aten ops in the graph (torch.export), frozen by a dispatch mode.
+    """
 
     def context_fn():
+        if not ops:
+            return contextlib.nullcontext(), _FrozenBatchNorms(module)
         state = {id(b.untyped_storage()) for b in module.buffers()}
         return contextlib.nullcontext(), _FrozenStateMode(state)
 
@@ -105,6 +136,7 @@ class _NestingMixin:
     _remat_regions: tuple[_NodeRegion, ...] = ()
     _remat_frozen: frozenset[str] = frozenset()  # regions whose nodes write module state
     _remat_random: frozenset[str] = frozenset()  # regions whose nodes draw random numbers
+    _remat_freeze_ops: bool = False  # state is written by aten ops, not BatchNorm modules
 
     def additional_globals(self) -> list[tuple[str, Any]]:
         return [*super().additional_globals(), ("remat_freeze_state", freeze_state)]  # type: ignore[misc]
@@ -113,7 +145,7 @@ class _NestingMixin:
         node_list = list(nodes)
         previous = self._body_transformer  # type: ignore[attr-defined]
         self._body_transformer = lambda body: _Nester(node_list, self._remat_regions, self._remat_frozen,
-                                                      self._remat_random).run(body)
+                                                      self._remat_random, self._remat_freeze_ops).run(body)
         try:
             return super()._gen_python_code(nodes, root_module, namespace, **kwargs)  # type: ignore[misc]
         finally:
@@ -132,12 +164,13 @@ class _Nester:
     """Turns fx's flat body (a list of strings) into nested region functions."""
 
     def __init__(self, nodes: list[fx.Node], regions: tuple[_NodeRegion, ...], frozen: frozenset[str],
-                 random: frozenset[str]) -> None:
+                 random: frozenset[str], freeze_ops: bool) -> None:
         self.nodes = nodes
         self.index = {n: i for i, n in enumerate(nodes)}
         self.regions = regions
         self.frozen = frozen
         self.random = random
+        self.freeze = "remat_freeze_state(self, ops=True)" if freeze_ops else "remat_freeze_state(self)"
 
     def run(self, body: list[str]) -> list[str]:
         self.stmt = self._statements(body)
@@ -252,7 +285,7 @@ class _Nester:
         out.append(f"{inner}return {ret}\n")
         lhs = outputs[0] if len(outputs) == 1 else ", ".join(outputs)
         ctx = "" if r.name in self.random else ", preserve_rng_state=False"  # no RNG state to stash
-        ctx += ", context_fn=remat_freeze_state(self)" if r.name in self.frozen else ""
+        ctx += f", context_fn={self.freeze}" if r.name in self.frozen else ""
         call_args = ", ".join([r.name, *inputs])
         out.append(f"{indent}{lhs} = torch.utils.checkpoint.checkpoint({call_args}, use_reentrant=False{ctx}){suffix}\n")
 
@@ -265,6 +298,17 @@ def _regions_with(flag: str, regions: tuple[_NodeRegion, ...], nodes: list[fx.No
             names.add(r.name)
         names |= _regions_with(flag, r.children, nodes)
     return names
+
+
+def _state_written_by_batchnorm_modules(gm: fx.GraphModule) -> bool:
+    """True when every node that writes module state is a call to a BatchNorm module."""
+    for node in gm.graph.nodes:
+        if getattr(node.meta.get(META_KEY), "mutates_state", False):
+            if node.op != "call_module":
+                return False
+            if not isinstance(gm.get_submodule(node.target), torch.nn.modules.batchnorm._BatchNorm):
+                return False
+    return True
 
 
 def _frozen(regions: tuple[_NodeRegion, ...], nodes: list[fx.Node]) -> set[str]:
@@ -285,6 +329,7 @@ def generate(gm: fx.GraphModule, chain: Chain, regions: Sequence[Region]) -> fx.
     codegen._remat_frozen = frozenset(_frozen(node_regions, list(graph.nodes)))
     # a region without random ops needs no RNG state: no 5 KB stash per call, no replay
     codegen._remat_random = frozenset(_regions_with("random", node_regions, list(graph.nodes)))
+    codegen._remat_freeze_ops = not _state_written_by_batchnorm_modules(gm)
     graph._codegen = codegen
     new = fx.GraphModule(gm, graph, class_name=type(gm).__name__)
     for attr in ("_in_spec", "_out_spec", "remat_frontend"):

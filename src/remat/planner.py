@@ -215,7 +215,9 @@ def plan_problem(problem: Problem, solver: str, budget: Budget | None, slots: in
             peak = simulate_step(gm, problem.args, problem.kwargs).peak
         else:
             peak = problem.resident + evaluate(ChainModel.from_chain(level.chain), regions).peak
-        if budget_bytes is None or peak <= budget_bytes * (1 - VERIFY_MARGIN):
+        # no checkpointing is the traced model itself, whose prediction is the unconstrained peak
+        margin = VERIFY_MARGIN if regions else 0.0
+        if budget_bytes is None or peak <= budget_bytes * (1 - margin):
             break
         if solver not in BUDGETED or attempts >= MAX_ATTEMPTS:
             raise _infeasible(problem, budget_bytes, solver, slots)
