@@ -1,8 +1,9 @@
 """Fuzz soak: random DAG networks checkpointed at random budgets, counted.
 
 Each network (tests/fuzz_models.py) is checkpointed with rotor or chen-greedy at a random budget
-fraction in [0.3, 1]; one training step is compared with the original (outputs, gradients,
-buffers) and the measured peak with the budget. Writes benchmarks/results/fuzz.md.
+fraction in [0.3, 1] (where that is infeasible, at the minimum InfeasibleBudget reports); one
+training step is compared with the original (outputs, gradients, buffers) and the measured peak
+with the budget. Writes benchmarks/results/fuzz.md.
 
     python benchmarks/fuzz.py --n 1000 [--seed 0]
 """
@@ -27,7 +28,21 @@ from training import assert_same_step  # noqa: E402
 from common import write_result  # noqa: E402
 
 
+def _checked(model, x, budget, solver) -> tuple[str, str, object]:
+    """One training step of the checkpointed model against the original, then its measured peak."""
+    try:
+        gm = assert_same_step(model, lambda m: remat.checkpoint(m, (x,), budget=budget, solver=solver), (x,))
+    except AssertionError as e:
+        return "mismatch", str(e).splitlines()[0][:160], None
+    measured = remat.measure_peak(gm, (x,))
+    if measured > gm.remat_plan.budget_bytes:
+        return "overrun", f"measured {measured} > budget {gm.remat_plan.budget_bytes}", None
+    return "", "", gm
+
+
 def one(seed: int) -> tuple[str, str]:
+    """Checkpoint a random network at a random budget; where that budget is infeasible, retry at the
+    minimum InfeasibleBudget reports, so the reported floor is itself tested (it must fit)."""
     rng = random.Random(seed)
     n = rng.randint(6, 20)
     fraction = rng.uniform(0.3, 1.0)
@@ -35,17 +50,21 @@ def one(seed: int) -> tuple[str, str]:
     model = FuzzNet(random_spec(rng, n)).train()
     x = torch.randn(8, 8, 32, 32)
     try:
-        gm = assert_same_step(model, lambda m: remat.checkpoint(m, (x,), budget=fraction, solver=solver), (x,))
-    except remat.InfeasibleBudget:
-        return "infeasible", ""
-    except AssertionError as e:
-        return "mismatch", str(e).splitlines()[0][:160]
+        try:
+            outcome, detail, gm = _checked(model, x, fraction, solver)
+            label = "fits"
+        except remat.InfeasibleBudget as e:
+            if e.min_bytes is None:
+                return "error", f"InfeasibleBudget without a minimum: {e}"
+            outcome, detail, gm = _checked(model, x, int(e.min_bytes), solver)
+            label = "fits at the reported floor"
+    except remat.InfeasibleBudget as e:
+        return "error", f"the reported floor does not fit: {str(e)[:120]}"
     except Exception as e:  # noqa: BLE001
         return "error", f"{type(e).__name__}: {traceback.extract_tb(e.__traceback__)[-1].name}: {str(e)[:120]}"
-    measured = remat.measure_peak(gm, (x,))
-    if measured > gm.remat_plan.budget_bytes:
-        return "overrun", f"measured {measured} > budget {gm.remat_plan.budget_bytes}"
-    return ("fits" if gm.remat_plan.regions else "fits (no checkpoint needed)"), ""
+    if outcome:
+        return outcome, detail
+    return (label if gm.remat_plan.regions else label + " (no checkpoint needed)"), ""
 
 
 def main(argv=None) -> int:

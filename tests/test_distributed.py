@@ -61,6 +61,58 @@ def test_gradients_equal_the_uncheckpointed_model_under_the_same_wrapper(mode):
     assert all(r[1] and r[2] > 0 for r in results), results
 
 
+def _sharded_worker(rank: int, world: int, port: int, queue) -> None:
+    """Plan one process of FSDP2 training, shard with remat.fully_shard, train one step."""
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (world,))
+        torch.manual_seed(0)
+        base = ResidualMLP(width=256, depth=6, p=0.0)
+        x = torch.randn(2 * world, 64, 256)[rank * 2:(rank + 1) * 2].repeat(4, 1, 1)
+        gm = remat.checkpoint(base, (x,), budget=0.5, world_size=world, sharding="fsdp")
+        # the traced model without checkpoints (its own copy: fully_shard converts modules in place)
+        plain = remat.checkpoint(copy.deepcopy(base), (x,), solver="none")
+        measured = remat.measure_peak(remat.fully_shard(gm, mesh), (x,))
+        grads = []
+        for module in (remat.fully_shard(plain, mesh), gm):
+            module(x).sum().backward()
+            grads.append({k: p.grad.full_tensor().clone() for k, p in module.named_parameters()})
+        same = grads[0].keys() == grads[1].keys() and all(
+            torch.allclose(grads[0][k], grads[1][k], atol=1e-6, rtol=1e-5) for k in grads[0])
+        queue.put((rank, same, measured, gm.remat_plan))
+    except Exception as e:  # report it instead of leaving the test waiting on the queue
+        queue.put((rank, False, repr(e), None))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp2_plan_keeps_each_process_within_its_budget():
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_sharded_worker, args=(r, 2, port, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(60)
+    assert sorted(r[0] for r in results) == [0, 1]
+    for rank, same, measured, plan in results:
+        assert plan is not None, f"rank {rank} failed: {measured}"
+        assert same, f"rank {rank}: gradients differ from the un-checkpointed model under FSDP2"
+        assert plan.regions, "budget 0.5 should need checkpointing"
+        assert plan.info["world_size"] == 2
+        assert measured <= plan.budget_bytes, (rank, measured, plan.budget_bytes)
+        # the per-process budget is below what one unsharded process would need
+        unsharded = remat.checkpoint(ResidualMLP(width=256, depth=6, p=0.0), (torch.randn(8, 64, 256),),
+                                     solver="none").remat_plan.predicted_peak_bytes
+        assert plan.info["unconstrained_peak_bytes"] < unsharded
+
+
 def test_torch_compile_gives_the_same_loss_and_gradients():
     torch.manual_seed(0)
     gm = remat.checkpoint(ResidualMLP(width=32, depth=3, p=0.0), (torch.randn(2, 8, 32),), solver="every-stage")

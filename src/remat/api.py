@@ -36,7 +36,8 @@ def profile(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | Non
 @public
 def checkpoint(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | None = None, *,
                budget: int | float | str | None = None, solver: str = "rotor",
-               shared_inputs: tuple[str, ...] = (), slots: int = 500) -> fx.GraphModule:
+               shared_inputs: tuple[str, ...] = (), slots: int = 500,
+               world_size: int = 1, sharding: str | None = None) -> fx.GraphModule:
     """A GraphModule that trains like ``model`` within ``budget``, recomputing what it must.
 
     ``budget``: bytes (int), a size ("1.5GiB", "800MB"), or a fraction in (0, 1] of what
@@ -44,13 +45,19 @@ def checkpoint(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | 
     (optimal), chen-greedy, chen-sqrtn, every-stage or none.  The result shares ``model``'s
     parameters and buffers under the same names; ``gm.remat_plan`` is the verified Plan and
     ``gm.code`` shows the checkpoint regions.  Raises InfeasibleBudget when nothing fits.
+
+    ``sharding="fsdp"`` with ``world_size=N`` plans one process of FSDP2 training: the budget is
+    per process, parameters and gradients are sharded N ways, and ``example_inputs`` is one
+    process's batch.  Wrap the result with ``remat.fully_shard(gm, mesh)``, the layout the
+    prediction assumes (src/remat/sharding.py says what it includes).
     """
     if solver not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
     if budget is None and solver in BUDGETED:
         budget = 0.5
     parsed = None if budget is None else parse_budget(budget)
-    problem = prepare(model, _as_args(example_inputs), kwargs, tuple(shared_inputs))
+    problem = prepare(model, _as_args(example_inputs), kwargs, tuple(shared_inputs),
+                      world_size=world_size, sharding=sharding)
     gm, _ = plan_problem(problem, solver, parsed, slots)
     return gm
 

@@ -23,11 +23,14 @@ __all__ = ["measure_peak", "resident_bytes", "unique_storage_bytes"]
 
 
 def unique_storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (views and tied weights count once)."""
+    """Bytes of the distinct storages behind ``tensors`` (views and tied weights count once; a
+    DTensor counts its local shard's storage, padding included)."""
     seen: dict[tuple[str, int], int] = {}
     for t in tensors:
         if not isinstance(t, torch.Tensor) or t.device.type == "meta":
             continue
+        if hasattr(t, "to_local"):  # a DTensor (FSDP2's sharded parameters): this process's shard
+            t = t.to_local()
         st = t.untyped_storage()
         seen[(str(t.device), st.data_ptr() or id(st))] = st.nbytes()
     return sum(seen.values())

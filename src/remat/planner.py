@@ -18,6 +18,7 @@ from .codegen import generate
 from .errors import InfeasibleBudget
 from .profiler.model import ModelProfile, profile_graph
 from .profiler.step import simulate_step
+from .sharding import SHARDINGS, ShardModel, shard_chain, shard_model
 from .solvers.base import Plan, Region
 from .solvers.chen import greedy_regions, sqrtn_regions
 from .solvers.model import ChainModel, evaluate, recompute_flops
@@ -54,6 +55,8 @@ class Problem:
     kwargs: dict
     profile: ModelProfile
     levels: dict[str, Granularity] = field(default_factory=dict)
+    shard: ShardModel | None = None  # FSDP2 planning: per-process terms (sharding.py)
+    sharded_peak: int = 0  # the unconstrained step's predicted per-process peak, when sharded
 
     @property
     def chain(self) -> Chain:
@@ -65,16 +68,28 @@ class Problem:
 
     @property
     def resident(self) -> int:
+        """Bytes outside the stage model: resident before the step (with FSDP2, per process, plus
+        the allowance for its gathered units and collective buffers)."""
+        if self.shard is not None:
+            return self.shard.resident + self.shard.allowance
         return self.profile.resident_bytes
 
     @property
     def fixed(self) -> int:
         """Resident bytes plus every parameter gradient: the floor no schedule goes below."""
-        return self.profile.resident_bytes + self.profile.grad_bytes
+        grads = self.profile.grad_bytes
+        return self.resident + (self.shard.grad_bytes(grads) if self.shard is not None else grads)
 
     @property
     def unconstrained(self) -> int:
-        return self.profile.peak_bytes
+        return self.sharded_peak if self.shard is not None else self.profile.peak_bytes
+
+    def predict(self, gm: fx.GraphModule) -> int:
+        """Predicted peak of one training step of ``gm`` (a generated module of this problem)."""
+        if self.shard is None:
+            return simulate_step(gm, self.args, self.kwargs).peak
+        step = simulate_step(gm, self.args, self.kwargs, self.shard.grad_shards)
+        return self.resident + step.peak_above
 
 
 def _coarsen(model: ChainModel, max_stages: int) -> tuple[ChainModel, list[tuple[int, int]]]:
@@ -102,12 +117,24 @@ def _coarsen(model: ChainModel, max_stages: int) -> tuple[ChainModel, list[tuple
 
 
 def prepare(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
-            shared_inputs: tuple[str, ...] = (), max_stages: int = 128) -> Problem:
+            shared_inputs: tuple[str, ...] = (), max_stages: int = 128, *,
+            world_size: int = 1, sharding: str | None = None) -> Problem:
+    """Trace, profile and linearize once; ``sharding="fsdp"`` plans per process (sharding.py)."""
+    if sharding not in (None, *SHARDINGS):
+        raise ValueError(f"unknown sharding {sharding!r}; choose None or one of {', '.join(SHARDINGS)}")
+    if sharding is None and world_size != 1:
+        raise ValueError("world_size only changes the plan with sharding='fsdp'; under DDP every process "
+                         "holds the whole model, so plan with the defaults")
     gm = trace(model, args, kwargs)
     prof = profile_graph(gm, args, kwargs)
     problem = Problem(gm, args, kwargs or {}, prof)
+    if sharding == "fsdp":
+        problem.shard = shard_model(gm, world_size, prof.buffer_bytes + prof.input_bytes)
+        problem.sharded_peak = problem.predict(gm)
     for name, split in (("blocks", False), ("fine", True)):
         chain = linearize(gm, shared_inputs, split_blocks=split)
+        if problem.shard is not None:
+            chain = shard_chain(chain, problem.shard)
         coarse, groups = _coarsen(ChainModel.from_chain(chain), max_stages)
         problem.levels[name] = Granularity(name, chain, coarse, groups)
     if len(problem.levels["fine"].chain) == len(problem.chain):
@@ -204,7 +231,10 @@ def plan_problem(problem: Problem, solver: str, budget: Budget | None, slots: in
     level = problem.levels["blocks"]
     while True:
         attempts += 1
-        found = solve_regions(problem, solver, limit, slots)
+        if solver in BUDGETED and budget_bytes is not None and problem.unconstrained <= budget_bytes:
+            found = (level, ())  # the step fits as it is: nothing to recompute
+        else:
+            found = solve_regions(problem, solver, limit, slots)
         if found is None:
             raise _infeasible(problem, budget_bytes or 0, solver, slots)
         level, regions = found
@@ -212,7 +242,7 @@ def plan_problem(problem: Problem, solver: str, budget: Budget | None, slots: in
         if not regions:
             peak = problem.unconstrained
         elif verify:
-            peak = simulate_step(gm, problem.args, problem.kwargs).peak
+            peak = problem.predict(gm)
         else:
             peak = problem.resident + evaluate(ChainModel.from_chain(level.chain), regions).peak
         # no checkpointing is the traced model itself, whose prediction is the unconstrained peak
@@ -231,7 +261,8 @@ def plan_problem(problem: Problem, solver: str, budget: Budget | None, slots: in
         info={"unconstrained_peak_bytes": problem.unconstrained, "fixed_bytes": problem.fixed,
               "resident_bytes": problem.resident, "solve_seconds": round(time.perf_counter() - start, 3),
               "attempts": attempts, "frontend": problem.profile.frontend, "slots": slots,
-              "granularity": level.name},
+              "granularity": level.name,
+              **({"world_size": problem.shard.world_size, "sharding": "fsdp"} if problem.shard else {})},
     )
     gm.remat_plan = plan
     return gm, plan

@@ -68,8 +68,31 @@ def _tracked_rng_state(tracker: StorageTracker) -> Iterator[None]:
         torch.get_rng_state = original
 
 
-def simulate_step(fn: Callable[..., Any], args: tuple, kwargs: dict | None = None) -> StepMemory:
-    """Predict the peak of one training step of ``fn`` (a module, or a callable using one)."""
+@contextmanager
+def _sharded_gradients(state: dict[str, torch.Tensor], grad_shards: dict[str, int]) -> Iterator[list]:
+    """FSDP2 reduce-scatters a unit's gradients once its backward is done: replace each listed
+    parameter's gradient by a shard of the given bytes the moment it is accumulated."""
+    kept: list[torch.Tensor] = []
+    handles = []
+    for name, nbytes in grad_shards.items():
+        def hook(p: torch.Tensor, nbytes: int = nbytes) -> None:
+            kept.append(torch.empty(nbytes, dtype=torch.uint8, device=p.device))
+            p.grad = None
+        handles.append(state[name].register_post_accumulate_grad_hook(hook))
+    try:
+        yield kept
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def simulate_step(fn: Callable[..., Any], args: tuple, kwargs: dict | None = None,
+                  grad_shards: dict[str, int] | None = None) -> StepMemory:
+    """Predict the peak of one training step of ``fn`` (a module, or a callable using one).
+
+    ``grad_shards`` (parameter name -> bytes): gradients replaced by shards as they are accumulated
+    (sharding.py); the resident bytes stay those of the unsharded module.
+    """
     module = module_of(fn)
     session = FakeSession.for_call(module, args, kwargs)
     state = session.state(module) if module is not None else {}
@@ -79,12 +102,12 @@ def simulate_step(fn: Callable[..., Any], args: tuple, kwargs: dict | None = Non
     tracker = StorageTracker()
     tracker.mark_resident(resident_tensors)
     with session.mode, reparametrized(module, state), _tracked_rng_state(tracker):
-        with MemoryMode(tracker):
+        with MemoryMode(tracker), _sharded_gradients(state, grad_shards or {}) as shards:
             loss = loss_of(fn(*fargs, **fkwargs))
             if loss is not None:
                 loss.backward()
             del loss
         grads = [t.grad for t in state.values() if t.grad is not None]
-        grad_bytes = storage_bytes(grads)
+        grad_bytes = storage_bytes(grads) + storage_bytes(shards)
     return StepMemory(storage_bytes(resident_tensors), tracker.peak, grad_bytes)
 
