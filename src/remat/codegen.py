@@ -93,12 +93,17 @@ class _FrozenBatchNorms:
                     m.num_batches_tracked.copy_(count)
 
 
-def freeze_state(module: torch.nn.Module, ops: bool = False):
-    """``context_fn`` for checkpoint: recompute without updating ``module``'s buffers again.
+def freeze_state(module: torch.nn.Module, ops: bool = False) -> dict[str, Any]:
+    """Keyword arguments for checkpoint: a ``context_fn`` that recomputes without updating
+    ``module``'s buffers again.
 
     ``ops=False``: the state writers are BatchNorm modules (symbolic traces), frozen module by
     module; ``ops=True``: they are aten ops in the graph (torch.export), frozen by a dispatch mode.
+    Under torch.compile there is nothing to freeze (AOTAutograd applies buffer mutations once, in
+    the forward graph, and recomputes only values) and dynamo accepts no other ``context_fn``.
     """
+    if torch.compiler.is_compiling():
+        return {}
 
     def context_fn():
         if not ops:
@@ -106,7 +111,7 @@ def freeze_state(module: torch.nn.Module, ops: bool = False):
         state = {id(b.untyped_storage()) for b in module.buffers()}
         return contextlib.nullcontext(), _FrozenStateMode(state)
 
-    return context_fn
+    return {"context_fn": context_fn}
 
 
 # --- region layout ------------------------------------------------------------------------------
@@ -285,7 +290,7 @@ class _Nester:
         out.append(f"{inner}return {ret}\n")
         lhs = outputs[0] if len(outputs) == 1 else ", ".join(outputs)
         ctx = "" if r.name in self.random else ", preserve_rng_state=False"  # no RNG state to stash
-        ctx += f", context_fn={self.freeze}" if r.name in self.frozen else ""
+        ctx += f", **{self.freeze}" if r.name in self.frozen else ""
         call_args = ", ".join([r.name, *inputs])
         out.append(f"{indent}{lhs} = torch.utils.checkpoint.checkpoint({call_args}, use_reentrant=False{ctx}){suffix}\n")
 
