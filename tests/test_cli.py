@@ -37,3 +37,13 @@ def test_errors_are_messages_not_tracebacks(capsys):
     assert main(["plan", "--budget", "lots"]) == 2
     assert "cannot parse" in capsys.readouterr().err
     assert main(["flops", "nope"]) == 2
+
+
+def test_plan_for_fsdp_shows_the_per_process_plan(capsys):
+    assert main(["plan", "mlp", "--batch", "2", "--budget", "50%", "--world-size", "4", "--sharding", "fsdp"]) == 0
+    out = capsys.readouterr().out
+    assert "predicted peak" in out and "per process of 4" in out
+    assert main(["plan", "mlp", "--batch", "2", "--world-size", "4", "--sharding", "fsdp", "--measure"]) == 2
+    assert "process group" in capsys.readouterr().err
+    assert main(["plan", "mlp", "--batch", "2", "--world-size", "4"]) == 2
+    assert "sharding='fsdp'" in capsys.readouterr().err

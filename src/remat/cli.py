@@ -53,9 +53,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from .planner import plan_problem, prepare
     from .units import fmt_bytes
 
+    if args.sharding and args.measure:
+        raise ValueError("--measure runs one process's step: a sharded step needs its process group "
+                         "(see benchmarks/fsdp.py for a 2-process measurement)")
     work = zoo.build(args.spec, args.batch)
     start = time.perf_counter()
-    problem = prepare(work.model, work.inputs, work.kwargs, work.shared_inputs)
+    problem = prepare(work.model, work.inputs, work.kwargs, work.shared_inputs,
+                      world_size=args.world_size, sharding=args.sharding)
     budget = None if args.budget is None else parse_budget(args.budget)
     gm, plan = plan_problem(problem, args.solver, budget, args.slots)
     print(f"{work.name}  batch {args.batch}  traced with {problem.profile.frontend}; unconstrained peak "
@@ -113,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--code", help="write the generated forward code to this file")
     p.add_argument("--save", help="save the plan as JSON (reapply with remat.apply_plan)")
     p.add_argument("--measure", action="store_true", help="run one real step and report its measured peak")
+    p.add_argument("--sharding", choices=["fsdp"], default=None,
+                   help="plan one process of FSDP2 training (remat.fully_shard); --batch is per process")
+    p.add_argument("--world-size", type=int, default=1, help="processes sharing the parameters (with --sharding)")
     p.set_defaults(run=_cmd_plan)
 
     p = sub.add_parser("sweep", help="every solver over budgets from the minimum to unconstrained")

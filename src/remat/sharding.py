@@ -10,9 +10,12 @@ parameters of a torch.export graph).  Per process, a training step then holds:
   and keeps them to the end of the backward;
 * gradients: a unit's gradients are reduce-scattered as soon as its backward is done, so each
   unit parameter keeps only its shard's gradient; the root's gradients stay whole until the end;
-* an allowance for what FSDP2 holds around one unit at a time: the gathered parameters and the
-  all-gather buffers of the largest unit, its full gradients and reduce-scatter buffers, the next
-  unit prefetched during the backward, and the root's reduce-scatter at the end.
+* an allowance for what FSDP2 holds around one unit at a time: the gathered parameters, full
+  gradients and reduce-scatter buffers of the largest unit, the previous unit's reduce-scatter
+  input, the next unit prefetched during the backward, and the root's reduce-scatter at the end.
+  Collective backends add working copies (gloo reduce-scatters through an all-reduce of a copy);
+  the allowance counts one per collective.  Collectives finish asynchronously, so a real peak
+  varies from run to run by up to about one unit; the allowance is sized for that.
 
 The activations are those of the unsharded step, so the solvers see the same chain with smaller
 parameter gradients; the verification simulates the step with every unit gradient replaced by its
@@ -115,10 +118,12 @@ def shard_model(gm: fx.GraphModule, world_size: int, buffer_and_input_bytes: int
     root_shard = sum(shard_bytes(p, world_size) for p in root)
     biggest = sorted(sizes.values(), reverse=True)[:2] + [(0, 0), (0, 0)]
     (g1, s1), (g2, s2) = biggest[0], biggest[1]
-    # unit 1 gathered (params) + its full gradients + the reduce-scatter input and output, while
-    # unit 2 is being all-gathered (input copy, output buffer, copied-out params); then the root's
-    # reduce-scatter (input and output) at the end of the backward.
-    allowance = (3 * g1 + s1) + (2 * g2 + s2) + (root_shard * world_size + root_shard)
+    # During a unit's backward: its gathered parameters, its full gradients, the reduce-scatter
+    # input and the backend's working copy of it (gloo reduce-scatters through an all-reduce) and
+    # output shard; the previous unit's reduce-scatter input, freed only when this one starts; the
+    # next unit prefetched (all-gather input copy, output buffer, the backend's per-rank outputs,
+    # the copied-out parameters); then the root's reduce-scatter at the end of the backward.
+    allowance = (4 * g1 + s1) + (4 * g2 + s2) + (2 * root_shard * world_size + root_shard)
     resident = buffer_and_input_bytes + sum(s for _, s in sizes.values()) + root_shard + root_full
     return ShardModel(world_size, tuple(units), resident, allowance, grad_shards, grad_saving,
                       sum(_full_bytes(p) for p in root))

@@ -68,6 +68,9 @@ class Plan:
         from ..units import fmt_bytes
 
         lines = [f"solver {self.solver}, {len(self.stages)} stages ({self.info.get('granularity', 'blocks')})"]
+        if self.info.get("sharding"):
+            lines.append(f"memory per process of {self.info['world_size']} "
+                         f"({self.info['sharding']}: wrap with remat.fully_shard)")
         if self.budget_bytes is not None:
             lines.append(f"budget          {fmt_bytes(self.budget_bytes):>12}")
         lines.append(f"predicted peak  {fmt_bytes(self.predicted_peak_bytes):>12}"
