@@ -3,8 +3,8 @@
 Systems, per model: no checkpoint; every block checkpointed by hand (torch.utils.checkpoint around
 each residual block / transformer layer, non-reentrant, as HF's gradient_checkpointing_enable does);
 torch.compile (inductor, CPU) at activation_memory_budget 0.0..1.0; remat rotor and chen-greedy at
-budgets 0.2..1.0. For each: the measured peak of one training step (DESIGN.md, CPU allocator events),
-the step time as a ratio to no checkpointing (median of --steps steps after a warm-up, same run),
+budgets 0.2..1.0, and remat's rotor plans under torch.compile (the same regions, fused kernels). For each: the measured peak of one training step (DESIGN.md, CPU allocator events),
+the step time as a ratio to no checkpointing (medians of --steps steps each, timed in alternation),
 compile/plan time separately, and recompute FLOPs where they are known. Writes
 benchmarks/results/peers.md and peers_<model>.png (measured peak vs step-time ratio).
 
@@ -40,6 +40,7 @@ class Point:
     system: str
     peak: int
     time: float  # seconds per step (median)
+    ratio: float  # step time / no checkpointing's, timed in alternation with it
     setup: float  # compile / plan seconds
     recompute: float | None  # share of the step's FLOPs, when known
 
@@ -71,24 +72,30 @@ def every_block(name: str, model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def step_time(module, inputs, steps: int) -> float:
-    def step():
-        for p in module.parameters():
-            p.grad = None
-        loss_of(module(*inputs)).backward()
-
-    step()  # warm-up (compiles, caches)
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
+def _step(module, inputs) -> float:
     for p in module.parameters():
         p.grad = None
-    return statistics.median(times)
+    start = time.perf_counter()
+    loss_of(module(*inputs)).backward()
+    return time.perf_counter() - start
+
+
+def paired_time(base, module, inputs, steps: int) -> tuple[float, float]:
+    """Median step time of ``module`` and its ratio to ``base``, timed in alternation (base, module,
+    base, ...) so that a machine getting faster or slower during the run skews neither."""
+    _step(module, inputs)  # warm-up (compiles, caches)
+    ours, theirs = [], []
+    for _ in range(steps):
+        theirs.append(_step(base, inputs))
+        ours.append(_step(module, inputs))
+    for m in (base, module):
+        for p in m.parameters():
+            p.grad = None
+    return statistics.median(ours), statistics.median(ours) / statistics.median(theirs)
 
 
 def compiled(model, budget: float):
+    """torch.compile (inductor) of a copy of ``model`` with the partitioner's activation budget."""
     import torch._dynamo
     import torch._functorch.config as fconfig
 
@@ -109,22 +116,26 @@ def run_model(name: str, steps: int, quick: bool) -> tuple[list[Point], str]:
     model, inputs = work.model.train(), work.inputs
     base = remat.count_flops(model, inputs)
     step_flops = base.fwd + base.bwd
-    points = [Point("no checkpoint", remat.measure_peak(model, inputs), step_time(model, inputs, steps), 0.0, 0.0)]
-    print(f"{name}: no checkpoint {fmt_bytes(points[0].peak)} {points[0].time:.2f}s", flush=True)
+    _step(model, inputs)  # warm-up
+    alone = statistics.median(_step(model, inputs) for _ in range(steps))
+    points = [Point("no checkpoint", remat.measure_peak(model, inputs), alone, 1.0, 0.0, 0.0)]
+    print(f"{name}: no checkpoint {fmt_bytes(points[0].peak)} {alone:.2f}s", flush=True)
 
     blocks = every_block(name, model)
-    points.append(Point("every block", remat.measure_peak(blocks, inputs), step_time(blocks, inputs, steps), 0.0,
-                        recompute_of(blocks, inputs, base.bwd, step_flops)))
+    points.append(Point("every block", remat.measure_peak(blocks, inputs), *paired_time(model, blocks, inputs, steps),
+                        0.0, recompute_of(blocks, inputs, base.bwd, step_flops)))
     del blocks
 
     for budget in ((0.0, 0.5, 1.0) if quick else (0.0, 0.25, 0.5, 0.75, 1.0)):
         start = time.perf_counter()
         try:
             fn = compiled(model, budget)
-            seconds = step_time(fn, inputs, steps)
-            setup = time.perf_counter() - start - seconds * (steps + 1)
-            points.append(Point(f"torch.compile budget={budget}", remat.measure_peak(fn, inputs), seconds,
-                                max(0.0, setup), None))
+            fn(*inputs)  # compile the forward (the backward compiles on the first backward)
+            _step(fn, inputs)
+            setup = time.perf_counter() - start
+            seconds, ratio = paired_time(model, fn, inputs, steps)
+            points.append(Point(f"torch.compile budget={budget}", remat.measure_peak(fn, inputs), seconds, ratio,
+                                setup, None))
         except Exception as e:  # noqa: BLE001 - a failing peer is a result, not a crash
             print(f"{name}: torch.compile budget={budget} failed: {type(e).__name__}: {e}", flush=True)
         gc.collect()
@@ -138,11 +149,21 @@ def run_model(name: str, steps: int, quick: bool) -> tuple[list[Point], str]:
                 continue
             setup = time.perf_counter() - start
             points.append(Point(f"remat {solver} {budget}", remat.measure_peak(gm, inputs),
-                                step_time(gm, inputs, steps), setup, gm.remat_plan.recompute_ratio))
+                                *paired_time(model, gm, inputs, steps), setup, gm.remat_plan.recompute_ratio))
+            if solver == "rotor" and budget < 1.0:  # remat's plan, compiled: fused kernels, same regions
+                start = time.perf_counter()
+                try:
+                    fn = compiled(gm, 1.0)
+                    _step(fn, inputs)
+                    setup = time.perf_counter() - start
+                    points.append(Point(f"remat rotor {budget} + torch.compile", remat.measure_peak(fn, inputs),
+                                        *paired_time(model, fn, inputs, steps), setup, None))
+                except Exception as e:  # noqa: BLE001
+                    print(f"{name}: remat rotor {budget} + torch.compile failed: {type(e).__name__}: {e}", flush=True)
             del gm
             gc.collect()
     for p in points:
-        print(f"{name}: {p.system:28s} {fmt_bytes(p.peak):>12} {p.time / points[0].time:6.2f}x", flush=True)
+        print(f"{name}: {p.system:28s} {fmt_bytes(p.peak):>12} {p.ratio:6.2f}x", flush=True)
     return points, plot(name, points)
 
 
@@ -151,16 +172,18 @@ def plot(name: str, points: list[Point]) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    base = points[0].time
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label, prefix, style in (("remat rotor", "remat rotor", "o-"), ("remat chen-greedy", "remat chen", "s--"),
-                                 ("torch.compile", "torch.compile", "^:")):
-        pts = sorted((p.peak / 2**20, p.time / base) for p in points if p.system.startswith(prefix))
+    series = (("remat rotor", lambda s: s.startswith("remat rotor") and "compile" not in s, "o-"),
+              ("remat chen-greedy", lambda s: s.startswith("remat chen"), "s--"),
+              ("torch.compile", lambda s: s.startswith("torch.compile"), "^:"),
+              ("remat rotor + torch.compile", lambda s: s.startswith("remat") and "compile" in s, "v-."))
+    for label, member, style in series:
+        pts = sorted((p.peak / 2**20, p.ratio) for p in points if member(p.system))
         if pts:
             ax.plot([q[0] for q in pts], [q[1] for q in pts], style, label=label)
     for p in points:
         if p.system in ("no checkpoint", "every block"):
-            ax.plot(p.peak / 2**20, p.time / base, "k*" if p.system == "no checkpoint" else "kD", ms=10, label=p.system)
+            ax.plot(p.peak / 2**20, p.ratio, "k*" if p.system == "no checkpoint" else "kD", ms=10, label=p.system)
     ax.set_xlabel("measured peak memory (MiB)")
     ax.set_ylabel("step time / no checkpoint")
     ax.set_title(name)
@@ -175,17 +198,22 @@ def plot(name: str, points: list[Point]) -> str:
 
 def compare(name: str, points: list[Point]) -> str:
     """Where remat's front lies relative to each peer: memory at equal time, time at equal memory."""
-    base = points[0].time
     ours = [p for p in points if p.system.startswith("remat")]
     lines = []
     for peer in (p for p in points if not p.system.startswith("remat")):
-        faster = [p for p in ours if p.time <= peer.time * 1.02]
+        faster = [p for p in ours if p.ratio <= peer.ratio * 1.02]
         smaller = [p for p in ours if p.peak <= peer.peak]
-        mem = (f"at no more time remat needs {fmt_bytes(min(p.peak for p in faster))} vs {fmt_bytes(peer.peak)}"
-               if faster else "remat has no point as fast")
-        tim = (f"at no more memory remat takes {min(p.time for p in smaller) / base:.2f}x vs {peer.time / base:.2f}x"
-               if smaller else f"remat has no point as small ({fmt_bytes(min(p.peak for p in ours))} at best)"
-               if ours else "no remat point")
+        if faster:
+            best = min(faster, key=lambda p: p.peak)
+            mem = f"at no more time remat needs {fmt_bytes(best.peak)} ({best.system}) vs {fmt_bytes(peer.peak)}"
+        else:
+            mem = "remat has no point as fast"
+        if smaller:
+            best = min(smaller, key=lambda p: p.ratio)
+            tim = f"at no more memory remat takes {best.ratio:.2f}x ({best.system}) vs {peer.ratio:.2f}x"
+        else:
+            tim = (f"remat has no point as small ({fmt_bytes(min(p.peak for p in ours))} at best)" if ours
+                   else "no remat point")
         lines.append(f"- vs {peer.system}: {mem}; {tim}.")
     return f"**{name}**\n\n" + "\n".join(lines)
 
@@ -215,16 +243,16 @@ def main(argv=None) -> int:
     header = ["model", "system", "measured peak", "step time / none", "setup s", "recompute"]
     for name in args.models.split(","):
         points, png = run_model(name, args.steps, args.quick)
-        base = points[0].time
-        tables += [[name, p.system, fmt_bytes(p.peak), f"{p.time / base:.2f}", f"{p.setup:.1f}",
+        tables += [[name, p.system, fmt_bytes(p.peak), f"{p.ratio:.2f}", f"{p.setup:.1f}",
                     "-" if p.recompute is None else f"{p.recompute:.1%}"] for p in points]
         analysis.append(compare(name, points))
         plots.append(f"![{name}]({png})")
         gc.collect()
     write_result("peers.md", "remat vs the alternatives", [
         f"CPU, {torch.get_num_threads()} threads. Same inputs, seeds and measurement for every system: measured "
-        "peak of one training step (allocator events, after a warm-up step), step time as the median of "
-        f"{args.steps} steps after a warm-up, relative to no checkpointing in the same run. 'setup' is "
+        "peak of one training step (allocator events, after a warm-up step); step time as the median of "
+        f"{args.steps} steps after a warm-up, divided by the median of {args.steps} no-checkpoint steps timed "
+        "in alternation with them (so drift of the machine during the run skews no system). 'setup' is "
         "torch.compile's compile time or remat's planning time. torch.compile recompute is not reported "
         "(its partitioner's choices are not exposed).",
         md_table(header, tables), "## Where remat stands\n\n" + "\n\n".join(analysis),
