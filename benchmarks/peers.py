@@ -81,13 +81,18 @@ def _step(module, inputs) -> float:
 
 
 def paired_time(base, module, inputs, steps: int) -> tuple[float, float]:
-    """Median step time of ``module`` and its ratio to ``base``, timed in alternation (base, module,
-    base, ...) so that a machine getting faster or slower during the run skews neither."""
+    """Median step time of ``module`` and its ratio to ``base``, timed in alternation, in the order
+    base, module, module, base, base, ... so that neither a machine getting faster or slower during
+    the run nor going first or second in a pair favours either."""
     _step(module, inputs)  # warm-up (compiles, caches)
     ours, theirs = [], []
-    for _ in range(steps):
-        theirs.append(_step(base, inputs))
-        ours.append(_step(module, inputs))
+    for i in range(steps):
+        if i % 2 == 0:
+            theirs.append(_step(base, inputs))
+            ours.append(_step(module, inputs))
+        else:
+            ours.append(_step(module, inputs))
+            theirs.append(_step(base, inputs))
     for m in (base, module):
         for p in m.parameters():
             p.grad = None
