@@ -229,12 +229,11 @@ def plan_problem(problem: Problem, solver: str, budget: Budget | None, slots: in
     limit = (budget_bytes - problem.resident) if budget_bytes is not None else evaluate(problem.model, ()).peak
     attempts, gm, regions, peak = 0, problem.gm, (), problem.unconstrained
     level = problem.levels["blocks"]
+    # the step fits as it is: a budgeted solver has nothing to recompute
+    fits_as_is = solver in BUDGETED and budget_bytes is not None and problem.unconstrained <= budget_bytes
     while True:
         attempts += 1
-        if solver in BUDGETED and budget_bytes is not None and problem.unconstrained <= budget_bytes:
-            found = (level, ())  # the step fits as it is: nothing to recompute
-        else:
-            found = solve_regions(problem, solver, limit, slots)
+        found = (level, ()) if fits_as_is else solve_regions(problem, solver, limit, slots)
         if found is None:
             raise _infeasible(problem, budget_bytes or 0, solver, slots)
         level, regions = found

@@ -52,21 +52,15 @@ def _full_bytes(p: torch.Tensor) -> int:
 def unit_names(gm: fx.GraphModule) -> list[str]:
     """Modules called by the graph that own parameters and share none with another unit or with
     a ``get_attr`` read: each becomes its own FSDP2 unit; every other parameter stays in the root."""
-    called = [n.target for n in gm.graph.nodes if n.op == "call_module"]
+    called = list(dict.fromkeys(n.target for n in gm.graph.nodes if n.op == "call_module"))
     read = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
-    read_ids = set()
-    for target in read:
-        obj = gm
-        for part in str(target).split("."):
-            obj = getattr(obj, part, None)
-        if isinstance(obj, torch.Tensor):
-            read_ids.add(id(obj))
+    read_ids = {id(p) for name, p in gm.named_parameters(remove_duplicate=False) if name in read}
     owners: dict[int, set[str]] = {}
-    for name in dict.fromkeys(called):
+    for name in called:
         for p in gm.get_submodule(name).parameters():
             owners.setdefault(id(p), set()).add(name)
     units = []
-    for name in dict.fromkeys(called):
+    for name in called:
         params = list(gm.get_submodule(name).parameters())
         if params and all(owners[id(p)] == {name} and id(p) not in read_ids for p in params):
             units.append(name)
@@ -83,7 +77,6 @@ class ShardModel:
     allowance: int  # FSDP2's transient bytes around one unit (see the module docstring)
     grad_shards: dict[str, int]  # trainable unit parameter -> its gradient shard's bytes
     grad_saving: dict[str, int]  # graph node -> gradient bytes that sharding removes after its backward
-    root_param_bytes: int  # parameters in the root unit (unsharded during the step)
 
     def grad_bytes(self, full_grad_bytes: int) -> int:
         """Gradient bytes alive at the end of the step, from the unsharded step's."""
@@ -125,8 +118,7 @@ def shard_model(gm: fx.GraphModule, world_size: int, buffer_and_input_bytes: int
     # the copied-out parameters); then the root's reduce-scatter at the end of the backward.
     allowance = (4 * g1 + s1) + (4 * g2 + s2) + (2 * root_shard * world_size + root_shard)
     resident = buffer_and_input_bytes + sum(s for _, s in sizes.values()) + root_shard + root_full
-    return ShardModel(world_size, tuple(units), resident, allowance, grad_shards, grad_saving,
-                      sum(_full_bytes(p) for p in root))
+    return ShardModel(world_size, tuple(units), resident, allowance, grad_shards, grad_saving)
 
 
 def shard_chain(chain: Chain, shard: ShardModel) -> Chain:
