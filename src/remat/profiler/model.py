@@ -16,6 +16,7 @@ from ..fake import FakeSession
 from ..step import loss_of, reparametrized
 from ..units import fmt_bytes, fmt_flops
 from .flops import BWD, LOSS
+from .eager import EagerComposites
 from .memory import StorageTracker, storage_bytes
 from .node import NodeProfile, NodeProfiler, _ProfileMode
 
@@ -77,7 +78,7 @@ def profile_graph(gm: fx.GraphModule, args: tuple, kwargs: dict | None = None) -
     tracker.mark_resident([*fake_params, *fake_buffers, *flat_inputs])
     state_uids = {tracker.uid(t) for t in [*fake_params, *fake_buffers]}
     profiler = NodeProfiler(gm, tracker, state_uids)
-    with session.mode, reparametrized(gm, state), _ProfileMode(profiler):
+    with session.mode, reparametrized(gm, state), EagerComposites(), _ProfileMode(profiler):
         out = profiler.run(*fargs, **fkwargs) if not fkwargs else _run_kwargs(profiler, gm, fargs, fkwargs)
         profiler.env.clear()  # the Interpreter keeps the output node's value; the real step does not
         profiler.flops.phase = LOSS

@@ -16,6 +16,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..fake import FakeSession, module_of
 from ..step import loss_of, reparametrized
+from .eager import EagerComposites
 from .memory import StorageTracker, storage_bytes, storages_of
 from .workspace import workspace_bytes
 
@@ -101,7 +102,7 @@ def simulate_step(fn: Callable[..., Any], args: tuple, kwargs: dict | None = Non
     resident_tensors = [*state.values(), *(t for t in flat if isinstance(t, torch.Tensor))]
     tracker = StorageTracker()
     tracker.mark_resident(resident_tensors)
-    with session.mode, reparametrized(module, state), _tracked_rng_state(tracker):
+    with session.mode, reparametrized(module, state), _tracked_rng_state(tracker), EagerComposites():
         with MemoryMode(tracker), _sharded_gradients(state, grad_shards or {}) as shards:
             loss = loss_of(fn(*fargs, **fkwargs))
             if loss is not None:

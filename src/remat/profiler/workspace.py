@@ -2,25 +2,36 @@
 
 The simulated allocator sees each op's outputs; the real one also sees the kernel's scratch
 buffers, which raise the peak while the op runs.  We model the ones that matter on the CPU,
-each measured against the allocator's own events (``benchmarks/memory.py`` and the tests):
+each measured against the allocator's own events (``benchmarks/memory.py``, the tests, and
+per-op scans over channels 3-256, kernels 1/3, strides 1/2, batch and spatial sizes, 1-4 threads):
 
-* convolution (oneDNN): source and weight reorders into blocked layouts live while the primitive
-  runs, and each result is produced in a blocked buffer and then copied out to a dense tensor.
+* convolution (oneDNN): source and weight reorders into blocked layouts (channels padded to 16)
+  live while the primitive runs, and each result is produced in a blocked buffer and then copied
+  out to a dense tensor.  Inputs with few channels stay plain; a strided 1x1 convolution runs on a
+  subsampled copy of the input, one image per thread.
 * convolution_backward: the same for the data gradient (grad_output and weight reordered), then
-  for the weight gradient (input and grad_output reordered), the input gradient already alive.
+  for the weight gradient (input and grad_output reordered), the input gradient already alive;
+  every thread past the first reduces into its own weight-sized partial, and each thread keeps
+  some kernel scratch (measured 8-56 KiB; counted as 64 KiB).
 * mm/addmm/bmm/baddbmm: an operand BLAS cannot read through strides (e.g. an expanded gradient
   with a zero stride) is first copied to a contiguous buffer.
-* native_batch_norm_backward: one input-sized buffer for the normalized input.
-* native_layer_norm (forward and backward): non-contiguous operands are copied first.
+* native_batch_norm_backward: one input-sized buffer for the normalized input (training, when
+  the input gradient is wanted and grad_output is contiguous).
+* native_layer_norm / native_group_norm (backward): non-contiguous operands are copied first;
+  layer norm keeps per-thread weight/bias partials, group norm per-(sample, channel) sums.
 * the weight gradient of a patchify convolution (kernel == stride, under 8 input channels, as in
   ViTs) keeps, per thread, four weight-sized partials and one image of patches;
 * channels-last convolutions run without reorders; the depthwise weight gradient with a kernel of
   5 or more uses a C·kh·kw·256-element reduction scratch.
+* a Python number as an operand (``x * 1.0``) is wrapped into a small tensor while the op runs.
 
-The function returns the extra bytes above the op's outputs at the op's internal peak.
+Where a kernel's choice depends on sizes we do not model, the rule takes the larger of the
+measured cases: a prediction may be a little high, never low.  The function returns the extra
+bytes above the op's outputs at the op's internal peak.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -43,9 +54,22 @@ def _blocked(t: torch.Tensor) -> int:
     return _nbytes(t) // max(channels, 1) * (-(-channels // 16) * 16)
 
 
-def _src_reorder(x: torch.Tensor) -> int:
-    """oneDNN keeps an input with few channels (an RGB image) in the plain layout."""
-    return _blocked(x) if x.shape[1] >= 8 else 0
+def _pad16(n: int) -> int:
+    return -(-n // 16) * 16
+
+
+def _src_reorder(x: torch.Tensor, w: torch.Tensor, min_channels: int = 16) -> int:
+    """oneDNN reorders the input into its blocked layout for a 1x1 kernel, and for larger kernels
+    from ``min_channels`` input channels on (the forward keeps 8-15 plain, the weight gradient 8)."""
+    pointwise = all(k == 1 for k in w.shape[2:])
+    return _blocked(x) if pointwise or x.shape[1] >= min_channels else 0
+
+
+def _blocked_weight(w: torch.Tensor) -> int:
+    """A weight reordered for oneDNN: output and input channels padded to multiples of 16."""
+    if w.dim() < 3:
+        return _nbytes(w)
+    return _pad16(w.shape[0]) * _pad16(w.shape[1]) * w[0, 0].numel() * w.element_size()
 
 
 def _copy_if_strided(t: torch.Tensor) -> int:
@@ -57,9 +81,23 @@ def _strided(stride: Any) -> bool:
     return any(s > 1 for s in stride) if isinstance(stride, (list, tuple)) else stride > 1
 
 
+def _stride_area(stride: Any) -> int:
+    if isinstance(stride, (list, tuple)):
+        return max(1, math.prod(stride))
+    return max(1, stride)
+
+
 def _channels_last(t: torch.Tensor) -> bool:
     """A channels-last input: oneDNN computes in that layout directly, with no reorders."""
     return t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
+
+
+def _unit_stride_copy(x: torch.Tensor, w: torch.Tensor, stride: Any) -> int:
+    """A strided 1x1 convolution runs as a unit-stride one on a subsampled copy of the blocked
+    input, one image per thread at a time."""
+    if not (_strided(stride) and all(k == 1 for k in w.shape[2:])) or x.dim() < 3:
+        return 0
+    return _blocked(x) // max(1, x.shape[0]) * max(1, torch.get_num_threads()) // _stride_area(stride)
 
 
 def _conv_forward(args: tuple, kwargs: dict, out: Any) -> int:
@@ -71,11 +109,23 @@ def _conv_forward(args: tuple, kwargs: dict, out: Any) -> int:
         return (1 if groups > 1 else 2) * _nbytes(w)  # only the weight is reordered (dense: twice)
     y = _nbytes(out)
     # (src reorder, weight reorder, blocked output) while the primitive runs, then blocked + dense;
-    # a strided 1x1 convolution also takes a scratch buffer of a quarter of the output
-    scratch = y // 4 if groups == 1 and _strided(stride) and all(k == 1 for k in w.shape[2:]) else 0
+    # a strided 1x1 convolution first subsamples the blocked input, an image per thread
+    scratch = _unit_stride_copy(x, w, stride) if groups == 1 else 0
     blocked_y = _blocked(out)
-    peak = _copy_if_strided(x) + max(scratch + _src_reorder(x) + _nbytes(w) + blocked_y, blocked_y + y)
-    return peak - y
+    weight = _blocked_weight(w) if groups == 1 else _nbytes(w)
+    peak = _copy_if_strided(x) + max(scratch + _src_reorder(x, w) + weight + blocked_y, blocked_y + y)
+    return peak - y + 512  # primitive scratch: up to a few hundred bytes
+
+
+def _thread_scratch() -> int:
+    """oneDNN kernels keep per-thread scratch next to their buffers (measured 8-56 KiB each)."""
+    return max(1, torch.get_num_threads()) * 65536
+
+
+def _weight_grad_scratch(w: torch.Tensor) -> int:
+    """Reduction buffers of oneDNN's weight gradient: every thread past the first keeps a
+    weight-sized partial, besides its kernel scratch."""
+    return (max(1, torch.get_num_threads()) - 1) * _nbytes(w) + _thread_scratch()
 
 
 def _conv_backward(args: tuple, kwargs: dict, out: Any) -> int:
@@ -100,10 +150,18 @@ def _conv_backward(args: tuple, kwargs: dict, out: Any) -> int:
         # grad_output and weight reordered, blocked grad_input, then copied out (a strided
         # dense convolution scatters through one more input-sized buffer)
         blocked_gi = _blocked(x)
-        extra = gi if _strided(stride) and groups == 1 else 0
-        peak = max(_blocked(grad_out) + wb + blocked_gi, blocked_gi + gi + extra)
+        extra = 0
+        if _strided(stride) and groups == 1:
+            # (few channels: in the blocked layout; and at least one blocked image per thread)
+            per_thread = max(1, torch.get_num_threads()) * blocked_gi // max(1, x.shape[0])
+            extra = max(gi if x.shape[1] % 16 == 0 else blocked_gi, per_thread)
+        peak = max(_blocked(grad_out) + wb + blocked_gi + _thread_scratch(),
+                   blocked_gi + gi + extra + 2 * _thread_scratch())
     if mask[1]:
-        peak = max(peak, gi + max(_src_reorder(x) + _blocked(grad_out) + gw, 2 * gw))
+        scratch = _weight_grad_scratch(w) + _unit_stride_copy(x, w, stride) if groups == 1 else 0
+        if groups == 1 and x.shape[1] < 16 and not all(k == 1 for k in w.shape[2:]):
+            scratch += xi  # under 16 channels, some spatial sizes take a path with a dense input copy
+        peak = max(peak, gi + max(_src_reorder(x, w, min_channels=9) + _blocked(grad_out) + gw + scratch, 2 * gw))
         if x.shape[1] < 8 and list(w.shape[2:]) == list(stride):
             # a patchify convolution (kernel == stride) on a few-channel image: each thread keeps
             # four weight-gradient partials and one image's worth of patches
@@ -140,12 +198,27 @@ def _layer_norm(args: tuple, kwargs: dict, out: Any) -> int:
 
 
 def _layer_norm_backward(args: tuple, kwargs: dict, out: Any) -> int:
-    return _copy_if_strided(args[0]) + _copy_if_strided(args[1])
+    # each thread accumulates its rows' weight and bias gradients in float
+    partials = torch.get_num_threads() * 2 * math.prod(args[2]) * 4
+    return _copy_if_strided(args[0]) + _copy_if_strided(args[1]) + partials
+
+
+def _group_norm_backward(args: tuple, kwargs: dict, out: Any) -> int:
+    # per (sample, channel) sums ds and db in float, after making the operands contiguous
+    n, c = args[5], args[6]
+    return _copy_if_strided(args[0]) + _copy_if_strided(args[1]) + 2 * n * c * 4
 
 
 def _batch_norm_backward(args: tuple, kwargs: dict, out: Any) -> int:
+    # training: the input gradient goes through one input-sized buffer for the normalized input,
+    # unless grad_output is not contiguous (then per-channel sums only)
+    grad_out, x = args[0], args[1]
     train = args[7] if len(args) > 7 else True
-    return _nbytes(args[1]) if train else 0
+    mask = args[9] if len(args) > 9 else (True, True, True)
+    channels = x.shape[1] if x.dim() > 1 else 1
+    if not grad_out.is_contiguous():
+        return channels * 4
+    return _nbytes(x) if train and mask[0] else 0
 
 
 _RULES: dict[Any, Callable[[tuple, dict, Any], int]] = {
@@ -158,15 +231,22 @@ _RULES: dict[Any, Callable[[tuple, dict, Any], int]] = {
     aten.native_batch_norm_backward.default: _batch_norm_backward,
     aten.native_layer_norm.default: _layer_norm,
     aten.native_layer_norm_backward.default: _layer_norm_backward,
+    aten.native_group_norm_backward.default: _group_norm_backward,
 }
+
+
+def _scalar_operand(func: Any, args: tuple) -> int:
+    """A Python number as the second operand (``x * 1.0``, ``x > 0``) is wrapped into a 0-dim
+    tensor and cast while the op runs: 12 bytes measured, counted as 16."""
+    if getattr(func, "_overloadname", "") in ("Tensor", "Scalar") and len(args) > 1:
+        return 16 if isinstance(args[1], (int, float)) else 0
+    return 0
 
 
 def workspace_bytes(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
     """Hidden scratch bytes of one CPU op (0 for ops and devices we do not model)."""
-    rule = _RULES.get(func)
-    if rule is None:
-        return 0
     first = args[0] if args else None
     if not isinstance(first, torch.Tensor) or first.device.type != "cpu":
         return 0
-    return rule(args, kwargs, out)
+    rule = _RULES.get(func)
+    return _scalar_operand(func, args) + (rule(args, kwargs, out) if rule is not None else 0)
