@@ -146,14 +146,30 @@ def test_bad_budgets_are_value_errors(bad, message):
         remat.checkpoint(torch.nn.Linear(4, 4), (torch.randn(2, 4),), budget=bad)
 
 
-def test_infeasible_budget_names_the_minimum():
+@pytest.mark.parametrize("solver", ["rotor", "chen-greedy"])
+def test_infeasible_budget_names_a_minimum_that_fits(solver):
+    """The reported floor is itself a budget the solver plans under, verified and measured."""
     model = ResidualMLP(width=64, depth=4)
     x = torch.randn(64, 32, 64)
-    with pytest.raises(remat.InfeasibleBudget, match=r"smallest feasible budget is about (\d+) bytes") as info:
-        remat.checkpoint(model, (x,), budget=0.01)
-    assert info.value.min_bytes > 0 and 0 < info.value.min_fraction < 1
-    gm = remat.checkpoint(model, (x,), budget=min(1.0, info.value.min_fraction + 0.05))
-    assert gm.remat_plan.predicted_peak_bytes <= gm.remat_plan.budget_bytes
+    with pytest.raises(remat.InfeasibleBudget, match=r"smallest feasible budget is (\d+) bytes") as info:
+        remat.checkpoint(model, (x,), budget=0.01, solver=solver)
+    floor = info.value.min_bytes
+    assert floor > 0 and 0 < info.value.min_fraction < 1
+    assert str(floor) in str(info.value)
+    gm = remat.checkpoint(model, (x,), budget=floor, solver=solver)
+    assert gm.remat_plan.predicted_peak_bytes <= floor
+    assert remat.measure_peak(gm, (x,)) <= floor
+    with pytest.raises(remat.InfeasibleBudget):
+        remat.checkpoint(model, (x,), budget=int(floor * 0.99), solver=solver)
+
+
+def test_a_fixed_plan_over_the_budget_says_what_it_needs():
+    model = ResidualMLP(width=64, depth=4)
+    x = torch.randn(64, 32, 64)
+    with pytest.raises(remat.InfeasibleBudget, match="every-stage plan does not fit") as info:
+        remat.checkpoint(model, (x,), budget=0.01, solver="every-stage")
+    gm = remat.checkpoint(model, (x,), budget=info.value.min_bytes, solver="every-stage")
+    assert gm.remat_plan.predicted_peak_bytes <= info.value.min_bytes
 
 
 @pytest.mark.parametrize("solver", ["rotor", "chen-greedy"])

@@ -15,7 +15,8 @@ def train_step(module: torch.nn.Module, inputs: tuple, seed: int = 0, kwargs: di
     torch.manual_seed(seed)
     out = module(*inputs, **(kwargs or {}))
     loss = loss_of(out)
-    loss.backward()
+    if loss is not None:  # no output depends on a parameter or an input that requires grad
+        loss.backward()
     outs = [t.detach().clone() for t in floating_outputs(out)]
     grads = {k: p.grad.clone() for k, p in module.named_parameters() if p.grad is not None}
     buffers = {k: b.clone() for k, b in module.named_buffers()}

@@ -7,6 +7,7 @@ smallest budget the rotor optimum needs.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 import torch
@@ -20,13 +21,13 @@ from .profiler.model import ModelProfile, profile_graph
 from .profiler.step import simulate_step
 from .sharding import SHARDINGS, ShardModel, shard_chain, shard_model
 from .solvers.base import Plan, Region
-from .solvers.chen import greedy_regions, sqrtn_regions
+from .solvers.chen import greedy_candidates, greedy_regions, sqrtn_regions
 from .solvers.model import ChainModel, evaluate, recompute_flops
 from .solvers.rotor import solve_rotor, solve_table
 from .trace import trace
 from .units import fmt_bytes
 
-__all__ = ["SOLVERS", "Problem", "prepare", "plan_problem", "apply_regions"]
+__all__ = ["SOLVERS", "Problem", "prepare", "plan_problem", "apply_regions", "smallest_budget"]
 
 SOLVERS = ("rotor", "chen-greedy", "chen-sqrtn", "every-stage", "none")
 BUDGETED = ("rotor", "chen-greedy")
@@ -185,11 +186,15 @@ def solve_regions(problem: Problem, solver: str, limit: int,
     return None if best is None else (best[1], best[2])
 
 
-def min_feasible_bytes(problem: Problem, slots: int = 500) -> int:
-    """The smallest absolute budget the rotor optimum fits under the stage model."""
+def min_feasible_bytes(problem: Problem, slots: int = 500, solver: str = "rotor") -> int:
+    """The smallest absolute budget ``solver``'s least-memory plan fits under the stage model
+    (rotor: the DP optimum; chen-greedy: its best candidate), before any verification."""
     need = []
     for level in problem.levels.values():
         top = evaluate(level.model, ()).peak
+        if solver == "chen-greedy":
+            need.append(min(evaluate(level.model, r).peak for r in greedy_candidates(level.model)))
+            continue
         table = solve_table(level.model, max(top, 1), slots)
         m = table.min_feasible_slot()
         need.append(top if m is None else int(m * table.slot))
@@ -200,42 +205,30 @@ def apply_regions(problem: Problem, regions: tuple[Region, ...], level: str = "b
     return generate(problem.gm, problem.levels[level].chain, regions) if regions else problem.gm
 
 
-def _infeasible(problem: Problem, budget_bytes: int, solver: str, slots: int) -> InfeasibleBudget:
-    need = min(min_feasible_bytes(problem, slots), problem.unconstrained)
-    span = max(1, problem.unconstrained - problem.fixed)
-    fraction = (need - problem.fixed) / span
-    if need >= problem.unconstrained:
-        return InfeasibleBudget(
-            f"no {solver} schedule fits a budget of {budget_bytes} bytes ({fmt_bytes(budget_bytes)}): checkpointing "
-            f"cannot lower this step's peak of {fmt_bytes(problem.unconstrained)}. It comes where little but "
-            f"parameters and their gradients is alive (fixed: {fmt_bytes(problem.fixed)}), typically at the end "
-            f"of the backward; the smallest feasible budget is {need} bytes, a fraction of 1.0", need, 1.0)
-    return InfeasibleBudget(
-        f"no {solver} schedule fits a budget of {budget_bytes} bytes ({fmt_bytes(budget_bytes)}); the smallest "
-        f"feasible budget is about {need} bytes ({fmt_bytes(need)}), a fraction of {fraction:.3f} (fixed: "
-        f"{fmt_bytes(problem.fixed)} of parameters, buffers, inputs and gradients; unconstrained step: "
-        f"{fmt_bytes(problem.unconstrained)})", need, fraction)
+class _NoFit(Exception):
+    """No plan passed verification at a budget; ``best_peak`` is the lowest prediction seen."""
+
+    def __init__(self, best_peak: int | None) -> None:
+        super().__init__(best_peak)
+        self.best_peak = best_peak
 
 
-def plan_problem(problem: Problem, solver: str, budget: Budget | None, slots: int = 500,
-                 verify: bool = True) -> tuple[fx.GraphModule, Plan]:
-    """Solve, generate and verify; returns the module and its Plan (or raises InfeasibleBudget)."""
-    if solver not in SOLVERS:
-        raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
-    start = time.perf_counter()
-    budget_bytes = None if budget is None else budget.resolve(problem.fixed, problem.unconstrained)
-    if budget_bytes is None and solver in BUDGETED:
-        raise ValueError(f"solver {solver!r} needs a budget")
+def _search(problem: Problem, solver: str, budget_bytes: int | None, slots: int,
+            verify: bool) -> tuple[Granularity, tuple[Region, ...], fx.GraphModule, int, int]:
+    """Solve, generate and verify at one budget, tightening the solver's limit by each overshoot.
+
+    Returns (level, regions, module, predicted peak, attempts) or raises _NoFit.
+    """
     limit = (budget_bytes - problem.resident) if budget_bytes is not None else evaluate(problem.model, ()).peak
-    attempts, gm, regions, peak = 0, problem.gm, (), problem.unconstrained
     level = problem.levels["blocks"]
     # the step fits as it is: a budgeted solver has nothing to recompute
-    fits_as_is = solver in BUDGETED and budget_bytes is not None and problem.unconstrained <= budget_bytes
-    while True:
-        attempts += 1
-        found = (level, ()) if fits_as_is else solve_regions(problem, solver, limit, slots)
+    if solver in BUDGETED and budget_bytes is not None and problem.unconstrained <= budget_bytes:
+        return level, (), problem.gm, problem.unconstrained, 1
+    best: int | None = None
+    for attempts in range(1, MAX_ATTEMPTS + 1):
+        found = solve_regions(problem, solver, limit, slots)
         if found is None:
-            raise _infeasible(problem, budget_bytes or 0, solver, slots)
+            raise _NoFit(best)
         level, regions = found
         gm = apply_regions(problem, regions, level.name)
         if not regions:
@@ -247,11 +240,104 @@ def plan_problem(problem: Problem, solver: str, budget: Budget | None, slots: in
         # no checkpointing is the traced model itself, whose prediction is the unconstrained peak
         margin = VERIFY_MARGIN if regions else 0.0
         if budget_bytes is None or peak <= budget_bytes * (1 - margin):
+            return level, regions, gm, peak, attempts
+        best = peak if best is None else min(best, peak)
+        if solver not in BUDGETED:
             break
-        if solver not in BUDGETED or attempts >= MAX_ATTEMPTS:
-            raise _infeasible(problem, budget_bytes, solver, slots)
-        # tighten by the overshoot, plus 0.5 %
-        limit -= (peak - int(budget_bytes * (1 - VERIFY_MARGIN))) + max(1, limit // 200)
+        # tighten by the overshoot plus 0.5 %, and at least by the stage model's error on this plan
+        target = int(budget_bytes * (1 - VERIFY_MARGIN))
+        modeled = problem.resident + evaluate(ChainModel.from_chain(level.chain), regions).peak
+        limit = min(limit - (peak - target) - max(1, limit // 200), target - problem.resident - max(0, peak - modeled))
+    raise _NoFit(best)
+
+
+FLOOR_ROUNDS = 4  # upward steps from the stage model's floor, then as many bisection steps down
+
+
+def smallest_budget(problem: Problem, solver: str, slots: int = 500,
+                    verify: bool = True) -> tuple[int, tuple[Granularity, tuple[Region, ...], fx.GraphModule, int, int]]:
+    """The smallest budget (bytes) at which ``solver`` returns a verified plan, and that plan.
+
+    Searched upward from the stage model's floor: each failed budget is raised to what its best
+    plan was predicted to need (plus the verification margin); the unconstrained peak, where no
+    checkpointing is needed, always fits. A few bisection steps then narrow the gap between the
+    last budget that failed and the first that passed.
+    """
+    low, candidate = 0, min(min_feasible_bytes(problem, slots, solver), problem.unconstrained)
+    found = None
+    for _ in range(FLOOR_ROUNDS):
+        if candidate >= problem.unconstrained:
+            break
+        try:
+            found = _search(problem, solver, candidate, slots, verify)
+            break
+        except _NoFit as e:
+            low = candidate
+            need = math.ceil(e.best_peak / (1 - VERIFY_MARGIN)) + 1 if e.best_peak is not None else 0
+            candidate = max(need, candidate + max(1, candidate // 200))
+    if found is None:
+        candidate = problem.unconstrained
+        found = _search(problem, solver, candidate, slots, verify)
+    # the stage model's floor is rounded up to its memory slots: the true floor may lie below it
+    low = low or max(problem.fixed, candidate - 2 * max(1, problem.unconstrained - problem.resident) // slots)
+    for _ in range(FLOOR_ROUNDS):
+        middle = (low + candidate) // 2
+        if candidate - low <= max(1024, candidate // 1000):
+            break
+        try:
+            found, candidate = _search(problem, solver, middle, slots, verify), middle
+        except _NoFit:
+            low = middle
+    return candidate, found
+
+
+def _infeasible(problem: Problem, budget_bytes: int, solver: str, need: int) -> InfeasibleBudget:
+    span = max(1, problem.unconstrained - problem.fixed)
+    fraction = min(1.0, (need - problem.fixed) / span)
+    if need >= problem.unconstrained:
+        return InfeasibleBudget(
+            f"no {solver} schedule fits a budget of {budget_bytes} bytes ({fmt_bytes(budget_bytes)}): checkpointing "
+            f"cannot lower this step's peak of {fmt_bytes(problem.unconstrained)}. It comes where little but "
+            f"parameters and their gradients is alive (fixed: {fmt_bytes(problem.fixed)}), typically at the end "
+            f"of the backward; the smallest feasible budget is {need} bytes, a fraction of 1.0", need, 1.0)
+    return InfeasibleBudget(
+        f"no {solver} schedule fits a budget of {budget_bytes} bytes ({fmt_bytes(budget_bytes)}); the smallest "
+        f"feasible budget is {need} bytes ({fmt_bytes(need)}), a fraction of {fraction:.3f}, where a verified "
+        f"{solver} plan exists (fixed: {fmt_bytes(problem.fixed)} of parameters, buffers, inputs and gradients; "
+        f"unconstrained step: {fmt_bytes(problem.unconstrained)})", need, fraction)
+
+
+def _fixed_plan_too_big(problem: Problem, budget_bytes: int, solver: str, peak: int | None) -> InfeasibleBudget:
+    need = math.ceil((peak or problem.unconstrained) / (1 - VERIFY_MARGIN))
+    fraction = (need - problem.fixed) / max(1, problem.unconstrained - problem.fixed)
+    return InfeasibleBudget(
+        f"the {solver} plan does not fit a budget of {budget_bytes} bytes ({fmt_bytes(budget_bytes)}): its "
+        f"predicted peak is {fmt_bytes(peak or 0)}, so it needs {need} bytes (a fraction of {fraction:.3f}); "
+        f"solver='rotor' finds the least recomputation under a budget", need, fraction)
+
+
+def plan_problem(problem: Problem, solver: str, budget: Budget | None, slots: int = 500,
+                 verify: bool = True) -> tuple[fx.GraphModule, Plan]:
+    """Solve, generate and verify; returns the module and its Plan (or raises InfeasibleBudget).
+
+    When nothing passes at the budget, the smallest budget that does is searched; it is reported
+    in InfeasibleBudget, or, should it lie within the budget after all, its plan is returned.
+    """
+    if solver not in SOLVERS:
+        raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
+    start = time.perf_counter()
+    budget_bytes = None if budget is None else budget.resolve(problem.fixed, problem.unconstrained)
+    if budget_bytes is None and solver in BUDGETED:
+        raise ValueError(f"solver {solver!r} needs a budget")
+    try:
+        level, regions, gm, peak, attempts = _search(problem, solver, budget_bytes, slots, verify)
+    except _NoFit as e:
+        if solver not in BUDGETED:
+            raise _fixed_plan_too_big(problem, budget_bytes or 0, solver, e.best_peak) from None
+        need, found = smallest_budget(problem, solver, slots, verify)
+        if need > budget_bytes:
+            raise _infeasible(problem, budget_bytes, solver, need) from None
+        level, regions, gm, peak, attempts = found
     plan = Plan(
         solver=solver, budget_bytes=budget_bytes, predicted_peak_bytes=peak,
         recompute_flops=recompute_flops(ChainModel.from_chain(level.chain), regions),

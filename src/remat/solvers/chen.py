@@ -11,7 +11,7 @@ import math
 from .base import Region
 from .model import ChainModel, evaluate
 
-__all__ = ["sqrtn_regions", "segments_to_regions", "greedy_regions"]
+__all__ = ["sqrtn_regions", "segments_to_regions", "greedy_candidates", "greedy_regions"]
 
 
 def segments_to_regions(bounds: list[int], n: int, *, skip_last: bool = True) -> tuple[Region, ...]:
@@ -46,11 +46,11 @@ def greedy_segments(model: ChainModel, B: float) -> tuple[list[int], int, int]:
     return starts, x, max(y, temp)
 
 
-def greedy_regions(model: ChainModel, limit: int) -> tuple[Region, ...] | None:
-    """The least-recompute Chen-greedy plan whose modeled peak fits ``limit`` bytes, or None.
+def greedy_candidates(model: ChainModel) -> list[tuple[Region, ...]]:
+    """The plans Chen's greedy search considers (no checkpointing among them).
 
     B is searched as in the paper's appendix: B = 0, then B = sqrt(x*y) from that run, then six
-    points on [B/2, 2B]; every candidate (and no checkpointing at all) is evaluated with the model.
+    points on [B/2, 2B].
     """
     n = len(model)
     _, x, y = greedy_segments(model, 0)
@@ -60,8 +60,13 @@ def greedy_regions(model: ChainModel, limit: int) -> tuple[Region, ...] | None:
     for B in [0.0, b0, *grid]:
         starts, _, _ = greedy_segments(model, B)
         candidates.append(segments_to_regions(starts, n))
+    return candidates
+
+
+def greedy_regions(model: ChainModel, limit: int) -> tuple[Region, ...] | None:
+    """The least-recompute Chen-greedy candidate whose modeled peak fits ``limit`` bytes, or None."""
     best: tuple[int, tuple[Region, ...]] | None = None
-    for regions in candidates:
+    for regions in greedy_candidates(model):
         cost = evaluate(model, regions)
         if cost.peak <= limit and (best is None or cost.recompute < best[0]):
             best = (cost.recompute, regions)
