@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from .flops import BWD, FWD, LOSS, FlopCounter, run_op
-from .memory import StorageTracker, storages_of
+from .memory import StorageTracker, real_outputs, storages_of
 from .workspace import workspace_bytes
 
 __all__ = ["NodeProfile", "NodeProfiler"]
@@ -111,7 +111,7 @@ class _ProfileMode(TorchDispatchMode):
                 prof.bwd_flops += flops
         elif flops:
             p.unattributed[p.flops.phase] += flops
-        p.tracker.allocate(storages_of(out))
+        p.tracker.allocate(storages_of(real_outputs(func, args, out)))
         p.tracker.transient(workspace_bytes(func, args, kwargs, out))
         return out
 

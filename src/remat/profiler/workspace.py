@@ -21,8 +21,10 @@ per-op scans over channels 3-256, kernels 1/3, strides 1/2, batch and spatial si
   layer norm keeps per-thread weight/bias partials, group norm per-(sample, channel) sums.
 * the weight gradient of a patchify convolution (kernel == stride, under 8 input channels, as in
   ViTs) keeps, per thread, four weight-sized partials and one image of patches;
-* channels-last convolutions run without reorders; the depthwise weight gradient with a kernel of
+* channels-last convolutions run without reorders (an operand in the other layout is converted); the depthwise weight gradient with a kernel of
   5 or more uses a C·kh·kw·256-element reduction scratch.
+* gelu_backward (exact) on a grad laid out unlike its input, softmax/log_softmax (forward and
+  backward) on a non-contiguous operand: copied first.
 * a Python number as an operand (``x * 1.0``) is wrapped into a small tensor while the op runs.
 
 Where a kernel's choice depends on sizes we do not model, the rule takes the larger of the
@@ -100,13 +102,19 @@ def _unit_stride_copy(x: torch.Tensor, w: torch.Tensor, stride: Any) -> int:
     return _blocked(x) // max(1, x.shape[0]) * max(1, torch.get_num_threads()) // _stride_area(stride)
 
 
+def _to_channels_last(t: torch.Tensor) -> int:
+    """A channels-last convolution converts an operand in another layout first."""
+    return 0 if t.dim() != 4 or t.is_contiguous(memory_format=torch.channels_last) else _nbytes(t)
+
+
 def _conv_forward(args: tuple, kwargs: dict, out: Any) -> int:
     x, w, stride = args[0], args[1], args[3]
     transposed, groups = args[6], args[8]
     if transposed:
         return 0
     if _channels_last(x):
-        return (1 if groups > 1 else 2) * _nbytes(w)  # only the weight is reordered (dense: twice)
+        # only the weight is reordered (dense: twice), plus the per-thread scratch
+        return (1 if groups > 1 else 2) * _nbytes(w) + _thread_scratch()
     y = _nbytes(out)
     # (src reorder, weight reorder, blocked output) while the primitive runs, then blocked + dense;
     # a strided 1x1 convolution first subsamples the blocked input, an image per thread
@@ -143,7 +151,12 @@ def _conv_backward(args: tuple, kwargs: dict, out: Any) -> int:
         depthwise = groups > 1 and groups == x.shape[1] and w.shape[1] == 1
         big = all(k >= 5 for k in w.shape[2:])
         scratch = x.shape[1] * w[0].numel() * 256 * w.element_size() if mask[1] and depthwise and big else 0
-        return max((1 if groups > 1 else 3) * _nbytes(w), scratch)
+        # a grad_output in the other layout is converted first; a strided dense convolution
+        # scatters the input gradient through one more buffer and subsamples for a 1x1 kernel
+        strided = _strided(stride) and groups == 1
+        extra = (gi if strided else 0) + (_unit_stride_copy(x, w, stride) if groups == 1 else 0)
+        base = _to_channels_last(grad_out) + _thread_scratch() + extra
+        return base + max((1 if groups > 1 else 3) * _nbytes(w), scratch)
     base = _copy_if_strided(grad_out) + _copy_if_strided(x)
     peak = 0
     if mask[0]:
@@ -209,6 +222,12 @@ def _group_norm_backward(args: tuple, kwargs: dict, out: Any) -> int:
     return _copy_if_strided(args[0]) + _copy_if_strided(args[1]) + 2 * n * c * 4
 
 
+def _batch_norm(args: tuple, kwargs: dict, out: Any) -> int:
+    # training: per-channel sums in float while the statistics are computed
+    x, train = args[0], args[5] if len(args) > 5 else False
+    return 2 * x.shape[1] * 4 if train and x.dim() > 1 else 0
+
+
 def _batch_norm_backward(args: tuple, kwargs: dict, out: Any) -> int:
     # training: the input gradient goes through one input-sized buffer for the normalized input,
     # unless grad_output is not contiguous (then per-channel sums only)
@@ -221,6 +240,19 @@ def _batch_norm_backward(args: tuple, kwargs: dict, out: Any) -> int:
     return _nbytes(x) if train and mask[0] else 0
 
 
+def _gelu_backward(args: tuple, kwargs: dict, out: Any) -> int:
+    # the exact (erf) kernel wants grad in self's layout: an expanded grad is copied once,
+    # a differently strided one twice; the tanh approximation reads any layout
+    grad, x = args[0], args[1]
+    if kwargs.get("approximate", args[2] if len(args) > 2 else "none") != "none" or grad.stride() == x.stride():
+        return 0
+    return _nbytes(x) * (1 if 0 in grad.stride() else 2)
+
+
+def _softmax(args: tuple, kwargs: dict, out: Any) -> int:
+    return _copy_if_strided(args[0])  # forward and backward run on contiguous operands
+
+
 _RULES: dict[Any, Callable[[tuple, dict, Any], int]] = {
     aten.convolution.default: _conv_forward,
     aten.convolution_backward.default: _conv_backward,
@@ -228,10 +260,16 @@ _RULES: dict[Any, Callable[[tuple, dict, Any], int]] = {
     aten.bmm.default: _mm,
     aten.addmm.default: _addmm,
     aten.baddbmm.default: _addmm,
+    aten.native_batch_norm.default: _batch_norm,
     aten.native_batch_norm_backward.default: _batch_norm_backward,
     aten.native_layer_norm.default: _layer_norm,
     aten.native_layer_norm_backward.default: _layer_norm_backward,
     aten.native_group_norm_backward.default: _group_norm_backward,
+    aten.gelu_backward.default: _gelu_backward,
+    aten._softmax.default: _softmax,
+    aten._log_softmax.default: _softmax,
+    aten._softmax_backward_data.default: _softmax,
+    aten._log_softmax_backward_data.default: _softmax,
 }
 
 
