@@ -7,6 +7,12 @@ under ``EagerComposites`` so it allocates what eager allocates.
 * ``F.linear`` with a bias on an input that is neither 2-D nor contiguous (a transposed sequence,
   a permuted image): eager computes ``matmul`` and adds the bias in place; on fake tensors the add
   is out of place, one output-sized buffer more.
+
+Some fake kernels also lay their outputs out differently from the CPU kernels, and the layout
+decides what later kernels copy (a channels-last convolution converts a contiguous operand).
+``eager_layout`` gives those outputs eager's strides:
+
+* ``native_group_norm`` (and its backward) keep a channels-last input's layout.
 """
 from __future__ import annotations
 
@@ -16,7 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["EagerComposites"]
+__all__ = ["EagerComposites", "eager_layout"]
+
+aten = torch.ops.aten
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Any:
@@ -36,3 +44,22 @@ class EagerComposites(TorchFunctionMode):
             if out is not None:
                 return out
         return func(*args, **kwargs)
+
+
+def _channels_last(t: Any) -> bool:
+    return (isinstance(t, torch.Tensor) and t.dim() == 4 and not t.is_contiguous()
+            and t.is_contiguous(memory_format=torch.channels_last))
+
+
+def eager_layout(func: Any, args: tuple, out: Any) -> Any:
+    """``out`` with the strides the CPU kernel would give it (called inside a dispatch mode, so
+    the replacement is made by the fake mode below: no data)."""
+    if func is aten.native_group_norm.default:
+        x = args[0]
+    elif func is aten.native_group_norm_backward.default:
+        x = args[1]
+    else:
+        return out
+    if x.device.type != "cpu" or not _channels_last(x) or out[0] is None or _channels_last(out[0]):
+        return out
+    return (torch.empty_like(out[0], memory_format=torch.channels_last), *out[1:])

@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from .flops import BWD, FWD, LOSS, FlopCounter, run_op
+from .eager import eager_layout
 from .memory import StorageTracker, real_outputs, storages_of
 from .workspace import workspace_bytes
 
@@ -98,6 +99,7 @@ class _ProfileMode(TorchDispatchMode):
         out, as_is = run_op(self, func, args, kwargs)
         if not as_is:
             return out
+        out = eager_layout(func, args, out)
         p = self.p
         flops = p.flops.count(func, args, kwargs, out)
         prof = p.current

@@ -16,7 +16,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..fake import FakeSession, module_of
 from ..step import loss_of, reparametrized
-from .eager import EagerComposites
+from .eager import EagerComposites, eager_layout
 from .memory import StorageTracker, real_outputs, storage_bytes, storages_of
 from .workspace import workspace_bytes
 
@@ -45,7 +45,7 @@ class MemoryMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        out = eager_layout(func, args, func(*args, **kwargs))
         self.tracker.allocate(storages_of(real_outputs(func, args, out)))
         self.tracker.transient(workspace_bytes(func, args, kwargs, out))
         return out

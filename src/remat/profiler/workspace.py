@@ -16,7 +16,7 @@ per-op scans over channels 3-256, kernels 1/3, strides 1/2, batch and spatial si
 * mm/addmm/bmm/baddbmm: an operand BLAS cannot read through strides (e.g. an expanded gradient
   with a zero stride) is first copied to a contiguous buffer.
 * native_batch_norm_backward: one input-sized buffer for the normalized input (training, when
-  the input gradient is wanted and grad_output is contiguous).
+  the input gradient is wanted and grad_output is laid out like the input).
 * native_layer_norm / native_group_norm (backward): non-contiguous operands are copied first;
   layer norm keeps per-thread weight/bias partials, group norm per-(sample, channel) sums.
 * the weight gradient of a patchify convolution (kernel == stride, under 8 input channels, as in
@@ -25,6 +25,7 @@ per-op scans over channels 3-256, kernels 1/3, strides 1/2, batch and spatial si
   5 or more uses a C·kh·kw·256-element reduction scratch.
 * gelu_backward (exact) on a grad laid out unlike its input, softmax/log_softmax (forward and
   backward) on a non-contiguous operand: copied first.
+* a reduction to one value keeps a partial per thread.
 * a Python number as an operand (``x * 1.0``) is wrapped into a small tensor while the op runs.
 
 Where a kernel's choice depends on sizes we do not model, the rule takes the larger of the
@@ -216,28 +217,41 @@ def _layer_norm_backward(args: tuple, kwargs: dict, out: Any) -> int:
     return _copy_if_strided(args[0]) + _copy_if_strided(args[1]) + partials
 
 
+def _group_norm(args: tuple, kwargs: dict, out: Any) -> int:
+    # channels-last: per (sample, channel) partial sums in float, and a little per thread
+    x, n, c = args[0], args[3], args[4]
+    return 2 * n * c * 4 + torch.get_num_threads() * 1024 if _channels_last(x) else 0
+
+
 def _group_norm_backward(args: tuple, kwargs: dict, out: Any) -> int:
-    # per (sample, channel) sums ds and db in float, after making the operands contiguous
-    n, c = args[5], args[6]
-    return _copy_if_strided(args[0]) + _copy_if_strided(args[1]) + 2 * n * c * 4
+    # per (sample, channel) sums ds and db in float, after making the operands contiguous (or,
+    # for a channels-last input, grad_output channels-last)
+    grad_out, x, n, c = args[0], args[1], args[5], args[6]
+    if _channels_last(x):
+        return _to_channels_last(grad_out) + 2 * n * c * 4
+    return _copy_if_strided(grad_out) + _copy_if_strided(x) + 2 * n * c * 4
 
 
 def _batch_norm(args: tuple, kwargs: dict, out: Any) -> int:
-    # training: per-channel sums in float while the statistics are computed
+    # training: per-channel sums in float while the statistics are computed (channels-last: 4)
     x, train = args[0], args[5] if len(args) > 5 else False
-    return 2 * x.shape[1] * 4 if train and x.dim() > 1 else 0
+    if not train or x.dim() < 2:
+        return 0
+    return (4 if _channels_last(x) else 2) * x.shape[1] * 4
 
 
 def _batch_norm_backward(args: tuple, kwargs: dict, out: Any) -> int:
-    # training: the input gradient goes through one input-sized buffer for the normalized input,
-    # unless grad_output is not contiguous (then per-channel sums only)
+    # training, grad_output laid out like the input (the fast path): one input-sized buffer for
+    # the normalized input when the input gradient is wanted; otherwise per-channel sums only
     grad_out, x = args[0], args[1]
     train = args[7] if len(args) > 7 else True
     mask = args[9] if len(args) > 9 else (True, True, True)
     channels = x.shape[1] if x.dim() > 1 else 1
-    if not grad_out.is_contiguous():
+    if grad_out.stride() != x.stride():
         return channels * 4
-    return _nbytes(x) if train and mask[0] else 0
+    if train and mask[0]:
+        return _nbytes(x)
+    return 4 * channels * 4 if _channels_last(x) else 0
 
 
 def _gelu_backward(args: tuple, kwargs: dict, out: Any) -> int:
@@ -253,6 +267,19 @@ def _softmax(args: tuple, kwargs: dict, out: Any) -> int:
     return _copy_if_strided(args[0])  # forward and backward run on contiguous operands
 
 
+def _full_reduction(args: tuple, kwargs: dict, out: Any) -> int:
+    # a reduction to one value splits over threads (above 32768 elements), one partial each
+    x = args[0]
+    if not isinstance(out, torch.Tensor) or out.dim() != 0:
+        return 0
+    return torch.get_num_threads() * out.element_size() if x.numel() > 32768 else 0
+
+
+def _mean(args: tuple, kwargs: dict, out: Any) -> int:
+    # and mean divides by a wrapped count (12 bytes measured)
+    return 16 + _full_reduction(args, kwargs, out) if isinstance(out, torch.Tensor) else 0
+
+
 _RULES: dict[Any, Callable[[tuple, dict, Any], int]] = {
     aten.convolution.default: _conv_forward,
     aten.convolution_backward.default: _conv_backward,
@@ -261,9 +288,14 @@ _RULES: dict[Any, Callable[[tuple, dict, Any], int]] = {
     aten.addmm.default: _addmm,
     aten.baddbmm.default: _addmm,
     aten.native_batch_norm.default: _batch_norm,
+    aten.sum.default: _full_reduction,
+    aten.sum.dim_IntList: _full_reduction,
+    aten.mean.default: _mean,
+    aten.mean.dim: _mean,
     aten.native_batch_norm_backward.default: _batch_norm_backward,
     aten.native_layer_norm.default: _layer_norm,
     aten.native_layer_norm_backward.default: _layer_norm_backward,
+    aten.native_group_norm.default: _group_norm,
     aten.native_group_norm_backward.default: _group_norm_backward,
     aten.gelu_backward.default: _gelu_backward,
     aten._softmax.default: _softmax,
