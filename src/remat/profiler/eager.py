@@ -13,6 +13,7 @@ decides what later kernels copy (a channels-last convolution converts a contiguo
 ``eager_layout`` gives those outputs eager's strides:
 
 * ``native_group_norm`` (and its backward) keep a channels-last input's layout.
+* ``native_layer_norm_backward`` returns a contiguous input gradient for a strided input.
 """
 from __future__ import annotations
 
@@ -54,6 +55,11 @@ def _channels_last(t: Any) -> bool:
 def eager_layout(func: Any, args: tuple, out: Any) -> Any:
     """``out`` with the strides the CPU kernel would give it (called inside a dispatch mode, so
     the replacement is made by the fake mode below: no data)."""
+    if func is aten.native_layer_norm_backward.default:
+        first = out[0]
+        if first is None or first.device.type != "cpu" or first.is_contiguous():
+            return out
+        return (torch.empty_like(first, memory_format=torch.contiguous_format), *out[1:])
     if func is aten.native_group_norm.default:
         x = args[0]
     elif func is aten.native_group_norm_backward.default:

@@ -18,7 +18,7 @@ from torch.utils._pytree import tree_flatten
 
 from .flops import BWD, FWD, LOSS, FlopCounter, run_op
 from .eager import eager_layout
-from .memory import StorageTracker, real_outputs, storages_of
+from .memory import StorageTracker, real_outputs, saved_scalar_bytes, storages_of
 from .workspace import workspace_bytes
 
 __all__ = ["NodeProfile", "NodeProfiler"]
@@ -114,6 +114,7 @@ class _ProfileMode(TorchDispatchMode):
         elif flops:
             p.unattributed[p.flops.phase] += flops
         p.tracker.allocate(storages_of(real_outputs(func, args, out)))
+        p.tracker.hold(saved_scalar_bytes(func, args))
         p.tracker.transient(workspace_bytes(func, args, kwargs, out))
         return out
 

@@ -17,7 +17,7 @@ from torch.utils._pytree import tree_flatten
 from ..fake import FakeSession, module_of
 from ..step import loss_of, reparametrized
 from .eager import EagerComposites, eager_layout
-from .memory import StorageTracker, real_outputs, storage_bytes, storages_of
+from .memory import StorageTracker, real_outputs, saved_scalar_bytes, storage_bytes, storages_of
 from .workspace import workspace_bytes
 
 __all__ = ["StepMemory", "MemoryMode", "simulate_step"]
@@ -47,6 +47,7 @@ class MemoryMode(TorchDispatchMode):
         kwargs = kwargs or {}
         out = eager_layout(func, args, func(*args, **kwargs))
         self.tracker.allocate(storages_of(real_outputs(func, args, out)))
+        self.tracker.hold(saved_scalar_bytes(func, args))
         self.tracker.transient(workspace_bytes(func, args, kwargs, out))
         return out
 
