@@ -1,9 +1,10 @@
 """Fuzz soak: random DAG networks checkpointed at random budgets, counted.
 
 Each network (tests/fuzz_models.py) is checkpointed with rotor or chen-greedy at a random budget
-fraction in [0.3, 1] (where that is infeasible, at the minimum InfeasibleBudget reports); one
-training step is compared with the original (outputs, gradients, buffers) and the measured peak
-with the budget. Writes benchmarks/results/fuzz.md.
+fraction in [0.3, 1] (where that is infeasible, at the minimum InfeasibleBudget reports, so the
+reported floor is itself tested); one training step is compared with the original (outputs,
+gradients, buffers) and the measured peak with the budget. ``--seed k`` draws seeds k*10^6 + i,
+so runs with different k test fresh networks. Writes benchmarks/results/fuzz.md.
 
     python benchmarks/fuzz.py --n 1000 [--seed 0]
 """
@@ -84,9 +85,11 @@ def main(argv=None) -> int:
         if (i + 1) % 50 == 0:
             print(f"{i + 1}/{args.n} {dict(counts)}", flush=True)
     seconds = time.perf_counter() - start
-    summary = (f"{args.n} random networks in {seconds:.0f} s: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+    summary = (f"{args.n} random networks (seeds {args.seed * 1_000_000}..{args.seed * 1_000_000 + args.n - 1}) in {seconds:.0f} s: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
                + f". Gradient/output/buffer mismatches: {counts['mismatch']}; budget overruns: {counts['overrun']}; "
                f"other errors: {counts['error']}.")
+    severity = {"mismatch": 0, "overrun": 1, "error": 2}
+    problems.sort(key=lambda p: severity[p.split(": ")[1]])
     write_result("fuzz.md", "Fuzz soak", [summary] + (["Problems:\n\n" + "\n".join(f"- {p}" for p in problems[:50])]
                                                        if problems else []))
     print(summary)
