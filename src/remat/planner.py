@@ -148,7 +148,8 @@ def _expand(regions: tuple[Region, ...], groups: list[tuple[int, int]]) -> tuple
     return tuple(Region(groups[r.start][0], groups[r.stop - 1][1], _expand(r.children, groups)) for r in regions)
 
 
-def _solve_level(level: Granularity, solver: str, limit: int, slots: int) -> tuple[Region, ...] | None:
+def _solve_level(level: Granularity, solver: str, limit: int, slots: int,
+                 retry: bool = True) -> tuple[Region, ...] | None:
     model = level.model
     if solver == "none" or len(model) == 0:
         regions: tuple[Region, ...] | None = ()
@@ -159,7 +160,7 @@ def _solve_level(level: Granularity, solver: str, limit: int, slots: int) -> tup
     elif solver == "chen-greedy":
         regions = greedy_regions(model, limit)
     elif solver == "rotor":
-        regions = solve_rotor(model, limit, slots)
+        regions = solve_rotor(model, limit, slots, retry)
     else:
         raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
     return None if regions is None else _expand(regions, level.groups)
@@ -177,7 +178,8 @@ def solve_regions(problem: Problem, solver: str, limit: int,
         levels.append(problem.levels["fine"])
     best: tuple[int, Granularity, tuple[Region, ...]] | None = None
     for level in levels:
-        regions = _solve_level(level, solver, limit, slots)
+        # the 4x-slot retry near the floor only while no level has a plan (it costs 16x)
+        regions = _solve_level(level, solver, limit, slots, retry=best is None)
         if regions is None:
             continue
         work = recompute_flops(ChainModel.from_chain(level.chain), regions)

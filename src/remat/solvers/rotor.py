@@ -163,17 +163,18 @@ def rotor_regions(table: RotorTable, m: int | None = None) -> tuple[Region, ...]
     return tuple(build(0, n - 1, m))
 
 
-def solve_rotor(model: ChainModel, limit: int, slots: int = 500) -> tuple[Region, ...] | None:
+def solve_rotor(model: ChainModel, limit: int, slots: int = 500, retry: bool = True) -> tuple[Region, ...] | None:
     """The rotor plan for ``limit`` bytes: nothing when everything fits, else the DP's optimum.
 
     Sizes are rounded up to slots, so near the smallest feasible memory the table can miss a
-    plan that fits exactly; it is then solved once more with four times the slots.
+    plan that fits exactly; with ``retry`` it is then solved once more with four times the slots
+    (16x the time on a long chain: callers that already hold a plan pass ``retry=False``).
     """
     if evaluate(model, ()).peak <= limit:
         return ()
     if limit <= 0:
         return None
     regions = rotor_regions(solve_table(model, limit, slots))
-    if regions is None:
+    if regions is None and retry:
         regions = rotor_regions(solve_table(model, limit, 4 * slots))
     return regions
