@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from .workspace import _channels_last
+
 __all__ = ["EagerComposites", "eager_layout"]
 
 aten = torch.ops.aten
@@ -45,11 +47,6 @@ class EagerComposites(TorchFunctionMode):
             if out is not None:
                 return out
         return func(*args, **kwargs)
-
-
-def _channels_last(t: Any) -> bool:
-    return (isinstance(t, torch.Tensor) and t.dim() == 4 and not t.is_contiguous()
-            and t.is_contiguous(memory_format=torch.channels_last))
 
 
 def eager_layout(func: Any, args: tuple, out: Any) -> Any:
