@@ -171,12 +171,13 @@ def test_untraceable_model_is_a_trace_error_naming_the_line():
 
 
 def test_internal_errors_are_reported_as_remat_bugs(monkeypatch):
-    import remat.planner
+    import remat.planner.problem
+    import remat.planner.search
 
     def broken(model, max_stages):
-        return remat.planner._expand((remat.Region(0, 1),), [])  # an IndexError inside remat's own code
+        return remat.planner.search._expand((remat.Region(0, 1),), [])  # an IndexError inside remat's own code
 
-    monkeypatch.setattr(remat.planner, "_coarsen", broken)
+    monkeypatch.setattr(remat.planner.problem, "coarsen", broken)
     with pytest.raises(remat.InternalError, match="bug in remat"):
         remat.checkpoint(KwargsModel(), (torch.randn(2, 16),), budget=0.5)
 

@@ -9,9 +9,10 @@ from torch import fx
 
 from .budget import parse_budget
 from .errors import public
-from .planner import BUDGETED, SOLVERS, Problem, apply_regions, plan_problem, prepare
+from .planner import Problem, apply_regions, plan_problem, prepare
 from .profiler.model import ModelProfile, profile_graph
 from .solvers.base import Plan
+from .solvers.registry import DEFAULT_SLOTS, SolveSettings, get_solver
 from .trace import trace
 
 __all__ = ["profile", "checkpoint", "apply_plan"]
@@ -36,7 +37,7 @@ def profile(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | Non
 @public
 def checkpoint(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | None = None, *,
                budget: int | float | str | None = None, solver: str = "rotor",
-               shared_inputs: tuple[str, ...] = (), slots: int = 500,
+               shared_inputs: tuple[str, ...] = (), slots: int = DEFAULT_SLOTS,
                world_size: int = 1, sharding: str | None = None) -> fx.GraphModule:
     """A GraphModule that trains like ``model`` within ``budget``, recomputing what it must.
 
@@ -51,14 +52,12 @@ def checkpoint(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | 
     process's batch.  Wrap the result with ``remat.fully_shard(gm, mesh)``, the layout the
     prediction assumes (src/remat/sharding.py says what it includes).
     """
-    if solver not in SOLVERS:
-        raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
-    if budget is None and solver in BUDGETED:
+    if budget is None and get_solver(solver).budgeted:
         budget = 0.5
     parsed = None if budget is None else parse_budget(budget)
     problem = prepare(model, _as_args(example_inputs), kwargs, tuple(shared_inputs),
                       world_size=world_size, sharding=sharding)
-    gm, _ = plan_problem(problem, solver, parsed, slots)
+    gm, _ = plan_problem(problem, solver, parsed, SolveSettings(slots=slots))
     return gm
 
 

@@ -51,6 +51,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from .budget import parse_budget
     from .measure import measure_peak
     from .planner import plan_problem, prepare
+    from .solvers.registry import SolveSettings
     from .units import fmt_bytes
 
     if args.sharding and args.measure:
@@ -61,7 +62,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     problem = prepare(work.model, work.inputs, work.kwargs, work.shared_inputs,
                       world_size=args.world_size, sharding=args.sharding)
     budget = None if args.budget is None else parse_budget(args.budget)
-    gm, plan = plan_problem(problem, args.solver, budget, args.slots)
+    gm, plan = plan_problem(problem, args.solver, budget, SolveSettings(slots=args.slots))
     print(f"{work.name}  batch {args.batch}  traced with {problem.profile.frontend}; unconstrained peak "
           f"{fmt_bytes(problem.unconstrained)}, fixed {fmt_bytes(problem.fixed)}; planned in "
           f"{time.perf_counter() - start:.1f} s\n")

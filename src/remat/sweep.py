@@ -9,13 +9,11 @@ import torch
 
 from .budget import Budget
 from .errors import InfeasibleBudget
-from .planner import plan_problem, prepare
+from .planner import model_floor, plan_problem, prepare
+from .solvers.registry import SOLVERS, get_solver
 from .units import fmt_bytes
 
 __all__ = ["SweepRow", "sweep", "sweep_table", "draw_pareto"]
-
-BUDGETED = ("rotor", "chen-greedy")
-FIXED = ("chen-sqrtn", "every-stage", "none")
 
 
 @dataclass(frozen=True)
@@ -38,16 +36,14 @@ def _progress(done: int, total: int, label: str) -> None:
 
 
 def sweep(model: torch.nn.Module, args: tuple, kwargs: dict | None = None, shared_inputs: tuple[str, ...] = (),
-          *, points: int = 8, solvers: tuple[str, ...] = BUDGETED + FIXED, progress: bool = False) -> list[SweepRow]:
+          *, points: int = 8, solvers: tuple[str, ...] = tuple(SOLVERS), progress: bool = False) -> list[SweepRow]:
     """Plan ``model`` with every solver; budgeted solvers at ``points`` fractions from the minimum up to 1."""
-    from .planner import min_feasible_bytes
-
     problem = prepare(model, args, kwargs, shared_inputs)
     span = max(1, problem.unconstrained - problem.fixed)
-    low = max(0.0, (min_feasible_bytes(problem) - problem.fixed) / span)
+    low = max(0.0, (model_floor(problem, get_solver("rotor")) - problem.fixed) / span)
     fractions = [min(1.0, low + (1.0 - low) * i / max(points - 1, 1)) for i in range(points)]
-    jobs: list[tuple[str, float | None]] = [(s, f) for s in solvers if s in BUDGETED for f in fractions]
-    jobs += [(s, None) for s in solvers if s in FIXED]
+    jobs: list[tuple[str, float | None]] = [(s, f) for s in solvers if get_solver(s).budgeted for f in fractions]
+    jobs += [(s, None) for s in solvers if not get_solver(s).budgeted]
     rows = []
     for i, (solver, fraction) in enumerate(jobs):
         if progress:

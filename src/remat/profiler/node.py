@@ -77,7 +77,7 @@ def _tensors(x: Any) -> list[torch.Tensor]:
 
 
 # Ops that write module state without saying so in their schema.
-_HIDDEN_WRITES = {torch.ops.aten.native_batch_norm.default: (3, 4), torch.ops.aten._batch_norm_with_update.default: (3, 4)}
+from ..runtime import STATE_WRITES as _HIDDEN_WRITES  # noqa: E402  (moves to the rules registry)
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,4 +1,5 @@
-"""Checkpointing solvers: from a Chain and a memory limit to nested checkpoint regions."""
+"""Checkpointing solvers: from a chain model and a memory limit to nested checkpoint regions."""
 from .base import Plan, Region
+from .registry import DEFAULT_SLOTS, SOLVERS, Solver, SolveSettings, budgeted_solvers, get_solver
 
-__all__ = ["Plan", "Region"]
+__all__ = ["DEFAULT_SLOTS", "Plan", "Region", "SOLVERS", "Solver", "SolveSettings", "budgeted_solvers", "get_solver"]

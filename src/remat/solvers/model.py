@@ -17,7 +17,7 @@ DP's optimum against an exhaustive search evaluated here.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from ..chain import Chain, Stage
 from .base import Region
@@ -55,6 +55,25 @@ class ChainModel:
 
     def __len__(self) -> int:
         return len(self.f)
+
+    def merged(self, groups: Sequence[tuple[int, int]]) -> "ChainModel":
+        """The model with each group of stages [a, b) run as one stage.
+
+        A merged stage keeps what its parts keep, peaks at the worst of its parts plus what the
+        earlier parts keep (bounded by the sums), and its skip values are those over its last cut.
+        """
+        where = {i: g for g, (a, b) in enumerate(groups) for i in range(a, b)}
+
+        def merge(a: int, b: int) -> dict[str, int]:
+            return dict(
+                f=sum(self.f[a:b]), x=self.x[a], y=self.y[b - 1], xbar=sum(self.xbar[a:b]),
+                ftmp=max(self.ftmp[a:b]), btmp=max(self.btmp[a:b]) + sum(self.g[a:b]), g=sum(self.g[a:b]),
+                fdis=max(self.fdis[a:b]) + max(self.y[a:b]) + max(self.skip[a:b]), skip=self.skip[b - 1],
+                # skip producers are indices of this model: map them to merged stages
+                skip_from=where.get(self.skip_from[b - 1], -1) if self.skip_from[b - 1] >= 0 else -1)
+
+        rows = [merge(a, b) for a, b in groups]
+        return ChainModel(**{f.name: tuple(r[f.name] for r in rows) for f in fields(self)})
 
     def delta(self, i: int) -> int:
         """Bytes of the gradient over stage i's output cut (the loss gradient is an expanded scalar)."""

@@ -22,6 +22,7 @@ import torch
 
 from .base import Region
 from .model import ChainModel, evaluate
+from .registry import DEFAULT_SLOTS
 
 __all__ = ["RotorTable", "solve_table", "rotor_regions", "solve_rotor"]
 
@@ -30,12 +31,12 @@ INF = float("inf")
 
 @dataclass
 class RotorTable:
-    cost: torch.Tensor  # (L, L, S+1) float64: forward work, inf when infeasible
-    what: torch.Tensor  # (L, L, S+1) int32: 0 keep stage s, k > 0 checkpoint s..k-1
+    cost: torch.Tensor  # (L, L, n_slots+1) float64: forward work, inf when infeasible
+    what: torch.Tensor  # (L, L, n_slots+1) int32: 0 keep stage s, k > 0 checkpoint s..k-1
     slot: float  # bytes per memory slot
     x_slots: torch.Tensor  # xbar of each stage, in slots (for the rebuild)
     out_slots: torch.Tensor  # (L, L): [s, k-1] what a region s..k-1 holds, in slots
-    off2: torch.Tensor  # (L, L): slots credited to the recomputation of s..k-1 (indexed [k, t])
+    credit: torch.Tensor  # (L, L): slots credited to the recomputation of s..k-1 (indexed [k, t])
     model: ChainModel
 
     def min_feasible_slot(self) -> int | None:
@@ -52,11 +53,11 @@ def _floor(t: torch.Tensor, slot: float) -> torch.Tensor:
     return torch.floor(t / slot + 1e-9).to(torch.int64)
 
 
-def solve_table(model: ChainModel, memory: int, slots: int = 500) -> RotorTable:
+def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS) -> RotorTable:
     """Fill the DP table for ``memory`` bytes (above resident) split into ``slots`` slots."""
     n = len(model)
-    S = slots
-    slot = max(memory, 1) / S
+    n_slots = slots
+    slot = max(memory, 1) / n_slots
     d64 = torch.float64
     dc = torch.float32  # the table itself: half the memory traffic of float64
     f = torch.tensor(model.f, dtype=d64)
@@ -79,7 +80,7 @@ def solve_table(model: ChainModel, memory: int, slots: int = 500) -> RotorTable:
     fwd_keep = _ceil(ftmp + xbar, slot)
     bwd_alone = _ceil(xbar + btmp + x + g, slot)
     # backward of s after s+1..t: xbar_s, grad of s's output, grads of s+1..t, minus consumed delta_t
-    q1 = _ceil((xbar + delta + btmp + x + g)[:, None] + (pg[1:][None, :] - pg[1:][:, None]) - delta[None, :], slot)
+    bwd_after = _ceil((xbar + delta + btmp + x + g)[:, None] + (pg[1:][None, :] - pg[1:][:, None]) - delta[None, :], slot)
     # held[s, i]: what a region starting at s holds after its stage i (output, and the skip value
     # over the same cut if the region produced it)
     held = y[None, :] + torch.where(skip_from[None, :] >= s_idx, skip[None, :], 0.0)
@@ -89,58 +90,58 @@ def solve_table(model: ChainModel, memory: int, slots: int = 500) -> RotorTable:
     w = torch.where(t_idx >= s_idx, w, -INF)
     disc = _ceil(torch.cummax(w, dim=1).values, slot)  # disc[s, k-1]: segment s..k-1
     # memory credited to the recomputation of s..k-1 once k..t is done (indexed [k, t])
-    off2 = _floor(delta[None, :] - x[:, None] - (pg[1:][None, :] - pg[:-1][:, None]), slot)
+    credit = _floor(delta[None, :] - x[:, None] - (pg[1:][None, :] - pg[:-1][:, None]), slot)
     x_slots = _ceil(xbar, slot)
     out_slots = _ceil(held, slot)
 
-    # Padded rows: P[s, t, S+1 + m] = C[s, t, m].  Left of it S+1 columns of inf (not enough
-    # memory), right of it S+1 copies of C[s, t, S] (more memory than the table holds helps no
+    # Padded rows: padded[s, t, n_slots+1 + m] = C[s, t, m].  Left of it n_slots+1 columns of inf (not enough
+    # memory), right of it n_slots+1 copies of C[s, t, n_slots] (more memory than the table holds helps no
     # further).  Every shifted read "C[k, t, m - c] for all m" is then one contiguous slice of a
     # row, taken through an unfold view without building per-element indices.
     fc, pfc = f.to(dc), pf.to(dc)
-    W = S + 1
-    P = torch.full((n, n, 3 * W), INF, dtype=dc)
-    U = P.unfold(2, W, 1)  # U[s, t, o] = P[s, t, o:o+W]
-    what = torch.zeros((n, n, W), dtype=torch.int32)
-    m = torch.arange(W)
-    mid = slice(W, 2 * W)
+    width = n_slots + 1
+    padded = torch.full((n, n, 3 * width), INF, dtype=dc)
+    window = padded.unfold(2, width, 1)  # window[s, t, o] = padded[s, t, o:o+width]
+    what = torch.zeros((n, n, width), dtype=torch.int32)
+    m = torch.arange(width)
+    mid = slice(width, 2 * width)
 
     def store(s: torch.Tensor, t: torch.Tensor, value: torch.Tensor) -> None:
-        P[s, t, mid] = value
-        P[s, t, 2 * W:] = value[:, -1:]
+        padded[s, t, mid] = value
+        padded[s, t, 2 * width:] = value[:, -1:]
 
     ok = (fwd_keep[:, None] <= m) & (bwd_alone[:, None] <= m)
     store(idx, idx, torch.where(ok, fc[:, None], INF))
-    out_start = (W - out_slots).clamp(0, 2 * W)  # slice start of C[., ., m - held[s, k-1]]
-    x_start = (W - x_slots).clamp(0, 2 * W)
-    off_start = (W + off2).clamp(0, 2 * W)
+    out_start = (width - out_slots).clamp(0, 2 * width)  # slice start of C[., ., m - held[s, k-1]]
+    x_start = (width - x_slots).clamp(0, 2 * width)
+    credit_start = (width + credit).clamp(0, 2 * width)
     for d in range(1, n):
         s = torch.arange(n - d)
         t = s + d
         # option 1: keep stage s, then s+1..t
-        sub = U[s + 1, t, x_start[s]]
-        ok1 = (fwd_keep[s][:, None] <= m) & (q1[s, t][:, None] <= m)
+        sub = window[s + 1, t, x_start[s]]
+        ok1 = (fwd_keep[s][:, None] <= m) & (bwd_after[s, t][:, None] <= m)
         best = torch.where(ok1, fc[s][:, None] + sub, INF)
-        # option 2: checkpoint s..k-1 for k in s+1..t  -> shape (len(s), d, W)
+        # option 2: checkpoint s..k-1 for k in s+1..t  -> shape (len(s), d, width)
         k = s[:, None] + torch.arange(1, d + 1)[None, :]
         tt = t[:, None].expand_as(k)
-        sub1 = U[k, tt, out_start[s[:, None].expand_as(k), k - 1]]
-        sub2 = U[s[:, None].expand_as(k), k - 1, off_start[k, tt]]
+        sub1 = window[k, tt, out_start[s[:, None].expand_as(k), k - 1]]
+        sub2 = window[s[:, None].expand_as(k), k - 1, credit_start[k, tt]]
         opt2 = sub1.add_(sub2).add_((pfc[k] - pfc[s][:, None])[..., None])
         opt2.masked_fill_(disc[s[:, None], k - 1][..., None] > m, INF)
         v2, arg2 = opt2.min(dim=1)
         better = v2 < best
         store(s, t, torch.where(better, v2, best))
         what[s, t] = torch.where(better, (s[:, None] + 1 + arg2).to(torch.int32), 0)
-    cost = P[:, :, mid]
-    return RotorTable(cost, what, slot, x_slots, out_slots, off2, model)
+    cost = padded[:, :, mid]
+    return RotorTable(cost, what, slot, x_slots, out_slots, credit, model)
 
 
 def rotor_regions(table: RotorTable, m: int | None = None) -> tuple[Region, ...] | None:
     """Rebuild the nested regions of the optimal schedule at ``m`` slots (default: all of them)."""
     n = len(table.model)
-    S = table.cost.shape[2] - 1
-    m = S if m is None else m
+    n_slots = table.cost.shape[2] - 1
+    m = n_slots if m is None else m
     if n == 0:
         return ()
     if not math.isfinite(float(table.cost[0, n - 1, m])):
@@ -154,7 +155,7 @@ def rotor_regions(table: RotorTable, m: int | None = None) -> tuple[Region, ...]
                 m -= int(table.x_slots[s])
                 s += 1
                 continue
-            m2 = min(S, m + int(table.off2[k, t]))
+            m2 = min(n_slots, m + int(table.credit[k, t]))
             out.append(Region(s, k, tuple(build(s, k - 1, m2))))
             m -= int(table.out_slots[s, k - 1])
             s = k
@@ -163,7 +164,7 @@ def rotor_regions(table: RotorTable, m: int | None = None) -> tuple[Region, ...]
     return tuple(build(0, n - 1, m))
 
 
-def solve_rotor(model: ChainModel, limit: int, slots: int = 500, retry: bool = True) -> tuple[Region, ...] | None:
+def solve_rotor(model: ChainModel, limit: int, slots: int = DEFAULT_SLOTS, retry: bool = True) -> tuple[Region, ...] | None:
     """The rotor plan for ``limit`` bytes: nothing when everything fits, else the DP's optimum.
 
     Sizes are rounded up to slots, so near the smallest feasible memory the table can miss a

@@ -1,0 +1,57 @@
+"""From a model and a budget to a verified checkpointed module.
+
+``prepare`` (problem.py) traces, profiles and linearizes once; ``plan_problem`` solves at the
+budget and verifies the generated module on fake tensors (search.py); when nothing fits,
+``InfeasibleBudget`` names the smallest budget at which a verified plan exists (errors.py).
+"""
+from __future__ import annotations
+
+import time
+
+from torch import fx
+
+from ..budget import Budget
+from ..solvers.base import Plan
+from ..solvers.model import ChainModel, recompute_flops
+from ..solvers.registry import SolveSettings, get_solver
+from .errors import fixed_plan_too_big, infeasible
+from .problem import Granularity, Problem, coarsen, prepare
+from .search import Candidate, NoFit, apply_regions, find_plan, model_floor, smallest_budget
+
+__all__ = ["Candidate", "Granularity", "Problem", "apply_regions", "coarsen", "model_floor", "plan_problem",
+           "prepare", "smallest_budget"]
+
+
+def plan_problem(problem: Problem, solver_name: str, budget: Budget | None,
+                 settings: SolveSettings = SolveSettings(), verify: bool = True) -> tuple[fx.GraphModule, Plan]:
+    """Solve, generate and verify; returns the module and its Plan (or raises InfeasibleBudget).
+
+    When nothing passes at the budget, the smallest budget that does is searched; it is reported
+    in InfeasibleBudget, or, should it lie within the budget after all, its plan is returned.
+    """
+    solver = get_solver(solver_name)
+    start = time.perf_counter()
+    budget_bytes = None if budget is None else budget.resolve(problem.fixed, problem.unconstrained)
+    if budget_bytes is None and solver.budgeted:
+        raise ValueError(f"solver {solver.name!r} needs a budget")
+    try:
+        found = find_plan(problem, solver, budget_bytes, settings, verify)
+    except NoFit as e:
+        if not solver.budgeted:
+            raise fixed_plan_too_big(problem, budget_bytes or 0, solver.name, e.best_peak) from None
+        need, found = smallest_budget(problem, solver, settings, verify)
+        if need > budget_bytes:
+            raise infeasible(problem, budget_bytes, solver.name, need) from None
+    plan = Plan(
+        solver=solver.name, budget_bytes=budget_bytes, predicted_peak_bytes=found.peak,
+        recompute_flops=recompute_flops(ChainModel.from_chain(found.level.chain), found.regions),
+        stages=[list(s.nodes) for s in found.level.chain.stages], regions=found.regions,
+        step_flops=problem.profile.fwd_flops + problem.profile.bwd_flops,
+        info={"unconstrained_peak_bytes": problem.unconstrained, "fixed_bytes": problem.fixed,
+              "resident_bytes": problem.resident, "solve_seconds": round(time.perf_counter() - start, 3),
+              "attempts": found.attempts, "frontend": problem.profile.frontend, "slots": settings.slots,
+              "granularity": found.level.name,
+              **({"world_size": problem.shard.world_size, "sharding": "fsdp"} if problem.shard else {})},
+    )
+    found.module.remat_plan = plan
+    return found.module, plan

@@ -1,0 +1,38 @@
+"""The messages of InfeasibleBudget: what did not fit, and the smallest budget that does."""
+from __future__ import annotations
+
+import math
+
+from ..errors import InfeasibleBudget
+from ..units import fmt_bytes
+from .problem import Problem
+from .search import VERIFY_MARGIN
+
+__all__ = ["infeasible", "fixed_plan_too_big"]
+
+
+def infeasible(problem: Problem, budget_bytes: int, solver: str, need: int) -> InfeasibleBudget:
+    """No ``solver`` plan fits ``budget_bytes``; ``need`` is the smallest verified budget."""
+    span = max(1, problem.unconstrained - problem.fixed)
+    fraction = min(1.0, (need - problem.fixed) / span)
+    if need >= problem.unconstrained:
+        return InfeasibleBudget(
+            f"no {solver} schedule fits a budget of {budget_bytes} bytes ({fmt_bytes(budget_bytes)}): checkpointing "
+            f"cannot lower this step's peak of {fmt_bytes(problem.unconstrained)}. It comes where little but "
+            f"parameters and their gradients is alive (fixed: {fmt_bytes(problem.fixed)}), typically at the end "
+            f"of the backward; the smallest feasible budget is {need} bytes, a fraction of 1.0", need, 1.0)
+    return InfeasibleBudget(
+        f"no {solver} schedule fits a budget of {budget_bytes} bytes ({fmt_bytes(budget_bytes)}); the smallest "
+        f"feasible budget is {need} bytes ({fmt_bytes(need)}), a fraction of {fraction:.3f}, where a verified "
+        f"{solver} plan exists (fixed: {fmt_bytes(problem.fixed)} of parameters, buffers, inputs and gradients; "
+        f"unconstrained step: {fmt_bytes(problem.unconstrained)})", need, fraction)
+
+
+def fixed_plan_too_big(problem: Problem, budget_bytes: int, solver: str, peak: int | None) -> InfeasibleBudget:
+    """A fixed plan (every-stage, chen-sqrtn) is over the budget; say what it needs."""
+    need = math.ceil((peak or problem.unconstrained) / (1 - VERIFY_MARGIN))
+    fraction = (need - problem.fixed) / max(1, problem.unconstrained - problem.fixed)
+    return InfeasibleBudget(
+        f"the {solver} plan does not fit a budget of {budget_bytes} bytes ({fmt_bytes(budget_bytes)}): its "
+        f"predicted peak is {fmt_bytes(peak or 0)}, so it needs {need} bytes (a fraction of {fraction:.3f}); "
+        f"solver='rotor' finds the least recomputation under a budget", need, fraction)

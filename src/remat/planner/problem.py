@@ -1,0 +1,121 @@
+"""What planning needs, computed once per model and input shape: the trace, the profile, the chains.
+
+``prepare`` traces and profiles the model, then linearizes the graph at two granularities ("blocks":
+no skip connection crosses a cut; "fine": cuts inside residual blocks too) and coarsens each chain
+to at most ``MAX_STAGES`` stages for the solvers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+from ..chain import Chain, linearize
+from ..profiler.model import ModelProfile, profile_graph
+from ..profiler.step import simulate_step
+from ..sharding import SHARDINGS, ShardModel, shard_chain, shard_model
+from ..solvers.model import ChainModel
+from ..trace import trace
+
+__all__ = ["Granularity", "Problem", "prepare", "coarsen", "MAX_STAGES"]
+
+# The rotor table grows as stages^2 x slots: 128 stages keep one solve under a second or two on 2
+# cores (benchmarks/solvers.py times the DP), and deep models keep blocks of a few layers each.
+MAX_STAGES = 128
+
+
+@dataclass
+class Granularity:
+    """One linearization of the graph and the (possibly coarsened) stage model solvers see."""
+
+    name: str  # "blocks" or "fine"
+    chain: Chain
+    model: ChainModel
+    groups: list[tuple[int, int]]  # model stage -> chain stages [a, b)
+
+
+@dataclass
+class Problem:
+    """Everything solving needs, computed once per model and input shape."""
+
+    gm: fx.GraphModule
+    args: tuple
+    kwargs: dict
+    profile: ModelProfile
+    levels: dict[str, Granularity] = field(default_factory=dict)
+    shard: ShardModel | None = None  # FSDP2 planning: per-process terms (sharding.py)
+    sharded_peak: int = 0  # the unconstrained step's predicted per-process peak, when sharded
+
+    @property
+    def chain(self) -> Chain:
+        return self.levels["blocks"].chain
+
+    @property
+    def model(self) -> ChainModel:
+        return self.levels["blocks"].model
+
+    @property
+    def resident(self) -> int:
+        """Bytes outside the stage model: resident before the step (with FSDP2, per process, plus
+        the allowance for its gathered units and collective buffers)."""
+        if self.shard is not None:
+            return self.shard.resident + self.shard.allowance
+        return self.profile.resident_bytes
+
+    @property
+    def fixed(self) -> int:
+        """Resident bytes plus every parameter gradient: the floor no schedule goes below."""
+        grads = self.profile.grad_bytes
+        return self.resident + (self.shard.grad_bytes(grads) if self.shard is not None else grads)
+
+    @property
+    def unconstrained(self) -> int:
+        return self.sharded_peak if self.shard is not None else self.profile.peak_bytes
+
+    def predict(self, gm: fx.GraphModule) -> int:
+        """Predicted peak of one training step of ``gm`` (a generated module of this problem)."""
+        if self.shard is None:
+            return simulate_step(gm, self.args, self.kwargs).peak
+        step = simulate_step(gm, self.args, self.kwargs, self.shard.grad_shards)
+        return self.resident + step.peak_above
+
+
+def coarsen(model: ChainModel, max_stages: int) -> tuple[ChainModel, list[tuple[int, int]]]:
+    """Merge neighbouring stages (the pair with the least forward work first) until at most
+    ``max_stages`` remain; returns the merged model and each merged stage's range."""
+    groups = [(i, i + 1) for i in range(len(model))]
+    work = list(model.f)
+    while len(groups) > max_stages:
+        j = min(range(len(groups) - 1), key=lambda i: work[i] + work[i + 1])
+        groups[j:j + 2] = [(groups[j][0], groups[j + 1][1])]
+        work[j:j + 2] = [work[j] + work[j + 1]]
+    if len(groups) == len(model):
+        return model, groups
+    return model.merged(groups), groups
+
+
+def prepare(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
+            shared_inputs: tuple[str, ...] = (), max_stages: int = MAX_STAGES, *,
+            world_size: int = 1, sharding: str | None = None) -> Problem:
+    """Trace, profile and linearize once; ``sharding="fsdp"`` plans per process (sharding.py)."""
+    if sharding not in (None, *SHARDINGS):
+        raise ValueError(f"unknown sharding {sharding!r}; choose None or one of {', '.join(SHARDINGS)}")
+    if sharding is None and world_size != 1:
+        raise ValueError("world_size only changes the plan with sharding='fsdp'; under DDP every process "
+                         "holds the whole model, so plan with the defaults")
+    gm = trace(model, args, kwargs)
+    prof = profile_graph(gm, args, kwargs)
+    problem = Problem(gm, args, kwargs or {}, prof)
+    if sharding == "fsdp":
+        problem.shard = shard_model(gm, world_size, prof.buffer_bytes + prof.input_bytes)
+        problem.sharded_peak = problem.predict(gm)
+    for name, split in (("blocks", False), ("fine", True)):
+        chain = linearize(gm, shared_inputs, split_blocks=split)
+        if problem.shard is not None:
+            chain = shard_chain(chain, problem.shard)
+        coarse, groups = coarsen(ChainModel.from_chain(chain), max_stages)
+        problem.levels[name] = Granularity(name, chain, coarse, groups)
+    if len(problem.levels["fine"].chain) == len(problem.chain):
+        del problem.levels["fine"]  # no block to split
+    return problem
