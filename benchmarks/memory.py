@@ -93,7 +93,7 @@ def main(argv=None) -> int:
         f"fwd+bwd on the meta model {t_fcm:.2f} s (medians of 3, same run): ratio {ratio:.2f} (target <= 3).",
         "## Where the error comes from\n\nThe simulated allocator follows every storage of the step, so the "
         "remaining error is memory the real kernels allocate that no aten output shows. remat models the CPU "
-        "cases that matter (src/remat/profiler/workspace.py): oneDNN convolution reorders and blocked-to-dense "
+        "cases that matter (src/remat/profiler/rules/): oneDNN convolution reorders and blocked-to-dense "
         "copies, BLAS copies of operands it cannot stride through, BatchNorm/LayerNorm backward temporaries. "
         "A few small oneDNN scratch buffers (at most a weight-sized buffer per convolution backward) are not "
         "modeled; they explain the last hundredths of a percent.",

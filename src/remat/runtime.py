@@ -13,13 +13,9 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["freeze_state", "STATE_WRITES"]
+from .profiler.rules import hidden_writes
 
-# Ops that write module state without saying so in their schema: the argument positions of the
-# running statistics BatchNorm updates.
-STATE_WRITES = {torch.ops.aten.native_batch_norm.default: (3, 4),
-                torch.ops.aten._batch_norm_with_update.default: (3, 4),
-                torch.ops.aten._native_batch_norm_legit.default: (3, 4)}
+__all__ = ["freeze_state"]
 
 
 class _FrozenStateMode(TorchDispatchMode):
@@ -34,16 +30,13 @@ class _FrozenStateMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        stats = STATE_WRITES.get(func)
-        if stats is not None:
-            args = tuple(a.clone() if i in stats and self._is_state(a) else a for i, a in enumerate(args))
+        written = [i for i in hidden_writes(func) if i < len(args) and self._is_state(args[i])]
+        if not written:
             return func(*args, **kwargs)
-        schema = func._schema
-        if schema.is_mutable and args and self._is_state(args[0]):
-            first = schema.arguments[0]
-            if first.alias_info is not None and first.alias_info.is_write:
-                return args[0]  # e.g. num_batches_tracked.add_(1): already applied in the first forward
-        return func(*args, **kwargs)
+        if written == [0]:
+            return args[0]  # e.g. num_batches_tracked.add_(1): already applied in the first forward
+        # e.g. BatchNorm's running statistics: let it write into copies
+        return func(*(a.clone() if i in written else a for i, a in enumerate(args)), **kwargs)
 
 
 class _FrozenBatchNorms:

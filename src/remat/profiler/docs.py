@@ -1,14 +1,18 @@
-"""Render the FLOP formula registry as the markdown table in docs/flops.md.
+"""Render the registries as the markdown tables in docs/: FLOP formulas and memory rules.
 
-``python -m remat.profiler.docs > docs/flops.md`` regenerates it; a test checks the file matches.
+``python -m remat.profiler.docs > docs/flops.md`` and ``python -m remat.profiler.docs --memory >
+docs/memory.md`` regenerate them; a test checks the files match.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 
+import torch
+
 from . import flops  # noqa: F401  (fills the registry)
 from .formulas_mac import TORCH_COVERED
 from .registry import REGISTRY, ZERO_COST
+from .rules import RULES, rules_for
 
 HEADER = """# FLOP formulas
 
@@ -43,5 +47,37 @@ def render() -> str:
     return "\n".join(out) + "\n"
 
 
+MEMORY_HEADER = """# Memory rules
+
+Generated from the registry in `src/remat/profiler/rules/` by `python -m remat.profiler.docs --memory`;
+do not edit by hand.
+
+Fake tensors already give every op's outputs with their sizes, strides and aliasing, so views and
+in-place results cost nothing and new outputs are new storages, exactly as in a real run. This table
+lists what they do not show. *scratch* is memory a kernel allocates and frees while it runs: on the
+planning machine it is measured op by op (`src/remat/profiler/calibrate.py`); these rules are the
+fallback for targets remat cannot run (inputs on meta, another device) and are meant as upper
+bounds. *layout*: the real kernel lays its output out differently. *dropped*: the fake kernel
+returns an output the real one does not allocate. *held*: memory allocated outside any op that
+lives to the end of the step. *writes*: arguments written although the op's schema does not say so.
+"""
+
+
+def render_memory() -> str:
+    rules_for(torch.ops.aten.add.Tensor, "*")  # load every rule module
+    out = [MEMORY_HEADER, "| device | ops | aspect | what | source |", "|---|---|---|---|---|"]
+    rows: dict[tuple[str, str, str, str], list[str]] = defaultdict(list)
+    for r in RULES:
+        aspects = [a for a in ("scratch", "layout", "dropped", "held") if getattr(r, a) is not None]
+        aspects += ["writes " + ", ".join(map(str, r.writes))] if r.writes else []
+        name = "every op" if r.op is None else str(r.op).removeprefix("aten.")
+        rows[(r.device, " ".join(aspects), r.doc, r.source)].append(name)
+    for (device, aspect, doc, source), names in sorted(rows.items()):
+        out.append(f"| {device} | {', '.join(f'`{n}`' for n in names)} | {aspect} | {doc} | {source} |")
+    return "\n".join(out) + "\n"
+
+
 if __name__ == "__main__":
-    print(render(), end="")
+    import sys
+
+    print(render_memory() if "--memory" in sys.argv[1:] else render(), end="")

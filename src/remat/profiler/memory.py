@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["StorageTracker", "real_outputs", "saved_scalar_bytes", "storages_of", "storage_key", "storage_bytes"]
+__all__ = ["StorageTracker", "storages_of", "storage_key", "storage_bytes"]
 
 
 def storage_key(t: torch.Tensor) -> int:
@@ -44,26 +44,6 @@ def storages_of(out: Any) -> list[torch.UntypedStorage]:
                 found.extend(storages_of(o))
         return found
     return []
-
-
-def real_outputs(func: Any, args: tuple, out: Any) -> Any:
-    """``out`` without the outputs a real kernel does not return: on fake tensors batch norm's
-    backward allocates a grad_input even when its output mask drops it."""
-    if func is torch.ops.aten.native_batch_norm_backward.default and len(args) > 9 and not args[9][0]:
-        return out[1:]
-    return out
-
-
-def saved_scalar_bytes(func: Any, args: tuple) -> int:
-    """Autograd keeps the Python-number operand of ``x * 2.0`` or ``x / 3`` as an 8-byte tensor
-    for the backward (even inside a checkpointed region); no op ever returns it."""
-    if func not in _SCALAR_SAVING or len(args) < 2 or isinstance(args[1], bool) or not isinstance(args[1], (int, float)):
-        return 0
-    return 8 if isinstance(args[0], torch.Tensor) and args[0].requires_grad and torch.is_grad_enabled() else 0
-
-
-_SCALAR_SAVING = {torch.ops.aten.mul.Tensor, torch.ops.aten.div.Tensor, torch.ops.aten.mul_.Tensor,
-                  torch.ops.aten.div_.Tensor}
 
 
 @dataclass

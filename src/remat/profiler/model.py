@@ -8,17 +8,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import fx
-from torch.utils._pytree import tree_flatten
 
-from ..fake import FakeSession
-from ..step import loss_of, reparametrized
+from ..step import loss_of
 from ..units import fmt_bytes, fmt_flops
+from .dispatch import ScratchSource, Simulation, Target
 from .flops import BWD, LOSS
-from .eager import EagerComposites
-from .memory import StorageTracker, storage_bytes
-from .node import NodeProfile, NodeProfiler, _ProfileMode
+from .memory import storage_bytes
+from .node import META_KEY, NodeProfile, NodeProfiler
 
 __all__ = ["ModelProfile", "profile_graph"]
 
@@ -62,24 +59,19 @@ class ModelProfile:
         return "\n".join(lines)
 
 
-def profile_graph(gm: fx.GraphModule, args: tuple, kwargs: dict | None = None) -> ModelProfile:
+def profile_graph(gm: fx.GraphModule, args: tuple, kwargs: dict | None = None,
+                  target: Target | None = None, scratch: ScratchSource | None = None) -> ModelProfile:
     """Profile one training step of ``gm`` on fake tensors; writes ``node.meta["remat"]``."""
     start = time.perf_counter()
-    kwargs = kwargs or {}
-    session = FakeSession.for_call(gm, args, kwargs)
+    sim = Simulation(gm, tuple(args), kwargs, target, scratch)
     params = dict(gm.named_parameters(remove_duplicate=False))
     buffers = dict(gm.named_buffers(remove_duplicate=False))
-    state = session.state(gm)
-    fargs, fkwargs = session.tree(tuple(args)), session.tree(kwargs)
-    flat_inputs = [t for t in tree_flatten((fargs, fkwargs))[0] if isinstance(t, torch.Tensor)]
-    fake_params = [state[k] for k in params]
-    fake_buffers = [state[k] for k in buffers]
-    tracker = StorageTracker()
-    tracker.mark_resident([*fake_params, *fake_buffers, *flat_inputs])
-    state_uids = {tracker.uid(t) for t in [*fake_params, *fake_buffers]}
-    profiler = NodeProfiler(gm, tracker, state_uids)
-    with session.mode, reparametrized(gm, state), EagerComposites(), _ProfileMode(profiler):
-        out = profiler.run(*fargs, **fkwargs) if not fkwargs else _run_kwargs(profiler, gm, fargs, fkwargs)
+    fake_params = [sim.state[k] for k in params]
+    fake_buffers = [sim.state[k] for k in buffers]
+    state_uids = {sim.tracker.uid(t) for t in [*fake_params, *fake_buffers]}
+    profiler = NodeProfiler(gm, sim.tracker, state_uids)
+    with sim.running(observer=profiler.observe):
+        out = profiler.run(*sim.args) if not sim.kwargs else _run_kwargs(profiler, gm, sim.args, sim.kwargs)
         profiler.env.clear()  # the Interpreter keeps the output node's value; the real step does not
         profiler.flops.phase = LOSS
         loss = loss_of(out)
@@ -90,16 +82,16 @@ def profile_graph(gm: fx.GraphModule, args: tuple, kwargs: dict | None = None) -
         del loss
         profiler.finish()
     grads = [t.grad for t in fake_params if t.grad is not None]
-    nodes = [n.meta["remat"] for n in gm.graph.nodes]
-    resident = storage_bytes([*fake_params, *fake_buffers, *flat_inputs])
+    nodes = [n.meta[META_KEY] for n in gm.graph.nodes]
+    resident = storage_bytes([*fake_params, *fake_buffers, *sim.inputs])
     return ModelProfile(
         fwd_flops=sum(n.fwd_flops for n in nodes) + profiler.unattributed["fwd"],
         bwd_flops=sum(n.bwd_flops for n in nodes) + profiler.unattributed["bwd"],
         param_bytes=storage_bytes(fake_params),
         buffer_bytes=storage_bytes(fake_buffers),
-        input_bytes=storage_bytes(flat_inputs),
+        input_bytes=storage_bytes(sim.inputs),
         saved_bytes=sum(profiler.saved.values()),
-        peak_bytes=resident + tracker.peak,
+        peak_bytes=resident + sim.tracker.peak,
         grad_bytes=storage_bytes(grads),
         nodes=nodes,
         frontend=getattr(gm, "remat_frontend", ""),

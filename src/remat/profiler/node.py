@@ -7,19 +7,16 @@ attributed to the graph node it belongs to.  The result is written to ``node.met
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import fx
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .flops import BWD, FWD, LOSS, FlopCounter, run_op
-from .eager import eager_layout
-from .memory import StorageTracker, real_outputs, saved_scalar_bytes, storages_of
-from .workspace import workspace_bytes
+from .flops import BWD, FWD, LOSS, FlopCounter
+from .memory import StorageTracker
+from .rules import hidden_writes
 
 __all__ = ["NodeProfile", "NodeProfiler"]
 
@@ -76,49 +73,6 @@ def _tensors(x: Any) -> list[torch.Tensor]:
     return [t for t in flat if isinstance(t, torch.Tensor)]
 
 
-# Ops that write module state without saying so in their schema.
-from ..runtime import STATE_WRITES as _HIDDEN_WRITES  # noqa: E402  (moves to the rules registry)
-
-
-@functools.lru_cache(maxsize=None)
-def _written_args(func: Any) -> tuple[int, ...]:
-    schema = func._schema
-    written = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
-    return tuple(written) + _HIDDEN_WRITES.get(func, ())
-
-
-class _ProfileMode(TorchDispatchMode):
-    """FLOPs and storages of every op, charged to ``profiler.current``."""
-
-    def __init__(self, profiler: "NodeProfiler") -> None:
-        super().__init__()
-        self.p = profiler
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out, as_is = run_op(self, func, args, kwargs)
-        if not as_is:
-            return out
-        out = eager_layout(func, args, out)
-        p = self.p
-        flops = p.flops.count(func, args, kwargs, out)
-        prof = p.current
-        if prof is not None:
-            if p.flops.phase == FWD:
-                prof.fwd_flops += flops
-                p.record_writes(prof, func, args)
-                if func._overloadpacket.__name__ in RANDOM_OPS:
-                    prof.random = True
-            elif p.flops.phase == BWD:
-                prof.bwd_flops += flops
-        elif flops:
-            p.unattributed[p.flops.phase] += flops
-        p.tracker.allocate(storages_of(real_outputs(func, args, out)))
-        p.tracker.hold(saved_scalar_bytes(func, args))
-        p.tracker.transient(workspace_bytes(func, args, kwargs, out))
-        return out
-
-
 class NodeProfiler(fx.Interpreter):
     """Runs one training step of ``gm`` on fake tensors and profiles every node."""
 
@@ -138,10 +92,25 @@ class NodeProfiler(fx.Interpreter):
         self._last_bwd: NodeProfile | None = None
         self.grad_owner: dict[int, tuple[torch.Tensor, NodeProfile]] = {}
 
+    # --- every op (called by the accounting mode after it) ---------------------------------------
+    def observe(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        """Count the op's FLOPs and note what it writes and draws, for the node running now."""
+        flops = self.flops.count(func, args, kwargs, out)
+        prof = self.current
+        if prof is None:
+            self.unattributed[self.flops.phase] += flops
+        elif self.flops.phase == FWD:
+            prof.fwd_flops += flops
+            self.record_writes(prof, func, args)
+            if func._overloadpacket.__name__ in RANDOM_OPS:
+                prof.random = True
+        elif self.flops.phase == BWD:
+            prof.bwd_flops += flops
+
     # --- forward -------------------------------------------------------------------------------
     def record_writes(self, prof: NodeProfile, func: Any, args: tuple) -> None:
         """Note in-place writes to module state and to storages of earlier nodes."""
-        indices = _written_args(func)
+        indices = hidden_writes(func)
         if not indices:
             return
         for i in indices:

@@ -1,0 +1,108 @@
+"""The memory-rule registry: what a real kernel allocates that its fake outputs do not show.
+
+Fake tensors give every op's outputs with their sizes, strides and aliasing, so views and in-place
+results land on storages that already exist and new outputs are new storages: the simulated
+allocator (``profiler/memory.py``) follows those by itself.  The exceptions are declared here, one
+entry per aspect of an op on a device type ("cpu", "cuda", or "*" for all), and applied by one
+dispatch path (``profiler/dispatch.py``) for the per-node profile and the step simulation alike:
+
+* ``scratch``: bytes a kernel allocates and frees while it runs, above its outputs (workspaces,
+  reorders, per-thread partials).  Measured on the planning machine when it can run the op
+  (``profiler/calibrate.py``); these rules are the fallback and are meant as upper bounds.
+* ``layout``: outputs the real kernel lays out differently (the layout decides what later kernels
+  copy).
+* ``dropped``: outputs a fake kernel returns that the real kernel does not allocate.
+* ``held``: bytes allocated outside any op that stay until the step ends (autograd's saved scalars).
+* ``writes``: argument positions the op writes without its schema saying so (BatchNorm statistics).
+
+Every rule carries ``doc`` (what it models) and ``source`` (the measurement or derivation behind its
+numbers); ``python -m remat.profiler.docs --memory`` renders the table in docs/memory.md.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch._ops import OpOverload
+
+__all__ = ["RuleContext", "MemoryRule", "RULES", "rule", "rules_for", "scratch_rule", "hidden_writes", "nbytes"]
+
+
+@dataclass(frozen=True)
+class RuleContext:
+    """What a rule may depend on besides the op's arguments: the step's target."""
+
+    device: str  # device type the step runs on: "cpu", "cuda"
+    threads: int  # CPU threads the plan assumes (per-thread partials scale with it)
+
+
+ScratchFn = Callable[[tuple, dict, Any, RuleContext], int]
+LayoutFn = Callable[[tuple, Any], Any]
+DroppedFn = Callable[[tuple, Any], Any]
+HeldFn = Callable[[tuple, RuleContext], int]
+
+
+@dataclass(frozen=True)
+class MemoryRule:
+    """One aspect of one op's real memory behaviour on one device type."""
+
+    op: OpOverload | None  # None: every op
+    device: str
+    doc: str
+    source: str
+    scratch: ScratchFn | None = None
+    layout: LayoutFn | None = None
+    dropped: DroppedFn | None = None
+    held: HeldFn | None = None
+    writes: tuple[int, ...] = ()
+    applies: Callable[[OpOverload], bool] | None = None  # with op None: which ops the rule is about
+
+
+RULES: list[MemoryRule] = []
+
+
+def rule(ops: OpOverload | list[OpOverload] | None, device: str, doc: str, source: str, **aspects: Any) -> None:
+    """Register one aspect (``scratch=``, ``layout=``, ``dropped=``, ``held=``, ``writes=``) for ``ops``
+    (``None``: a rule about every op, such as how Python-number operands are wrapped)."""
+    for op in ops if isinstance(ops, list) else [ops]:
+        RULES.append(MemoryRule(op, device, doc, source, **aspects))
+    rules_for.cache_clear()
+
+
+def scratch_rule(ops: OpOverload | list[OpOverload] | None, device: str, doc: str, source: str, **aspects: Any):
+    """Decorator form of ``rule(..., scratch=fn)``."""
+
+    def deco(fn: ScratchFn) -> ScratchFn:
+        rule(ops, device, doc, source, scratch=fn, **aspects)
+        return fn
+
+    return deco
+
+
+@functools.lru_cache(maxsize=None)
+def rules_for(op: OpOverload, device: str) -> tuple[MemoryRule, ...]:
+    """Every rule that applies to ``op`` on ``device`` (device-specific ones and "*" ones)."""
+    _load()
+    return tuple(r for r in RULES if r.device in (device, "*")
+                 and (r.op is op or (r.op is None and (r.applies is None or r.applies(op)))))
+
+
+@functools.lru_cache(maxsize=None)
+def hidden_writes(op: OpOverload) -> tuple[int, ...]:
+    """Arguments ``op`` writes: those its schema marks, and those a rule declares."""
+    written = [i for i, a in enumerate(op._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+    for r in rules_for(op, "*"):
+        written.extend(r.writes)
+    return tuple(sorted(set(written)))
+
+
+def nbytes(t: Any) -> int:
+    """Bytes of a tensor's elements (0 for anything else)."""
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+def _load() -> None:
+    from . import common, cpu, cpu_conv  # noqa: F401  (each registers its rules on import)

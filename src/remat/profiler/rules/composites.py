@@ -1,0 +1,38 @@
+"""Composite ops whose eager path fake tensors do not take.
+
+Some CompositeImplicit ops branch on ``isTensorSubclassLike``: a fake tensor is subclass-like, so
+on fake tensors they take an out-of-place path a real run does not.  The simulation runs under
+``EagerComposites`` so it allocates what eager allocates.
+
+* ``F.linear`` with a bias on an input that is neither 2-D nor contiguous (a transposed sequence,
+  a permuted image): eager computes ``matmul`` and adds the bias in place; on fake tensors the add
+  is out of place, one output-sized buffer more.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+__all__ = ["EagerComposites"]
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Any:
+    fused = x.dim() == 2 or x.is_contiguous()  # addmm / _flatten_nd_linear: the same on fake tensors
+    if bias is None or fused or torch.is_autocast_enabled(x.device.type):
+        return None
+    return torch.matmul(x, weight.t()).add_(bias)
+
+
+class EagerComposites(TorchFunctionMode):
+    """Routes the composites above through the ops eager runs."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear and all(isinstance(a, torch.Tensor) or a is None for a in (*args, *kwargs.values())):
+            out = _linear(*args, **kwargs)
+            if out is not None:
+                return out
+        return func(*args, **kwargs)

@@ -1,0 +1,166 @@
+"""CPU convolution scratch (oneDNN): reorders into blocked layouts, blocked results copied out,
+per-thread partials of the weight gradient.
+
+Measured against the allocator's events per op with scans over channels 3-256, kernels 1/3,
+strides 1/2, batch and spatial sizes and 1-4 threads, on x86-64 with AVX-512 and torch 2.14.1
+(session notes of issue 8).  These rules are the fallback when the planning machine cannot run the
+op (``profiler/calibrate.py`` measures it otherwise); where a kernel's choice depends on sizes they
+do not model they take the larger of the measured cases.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from . import RuleContext, nbytes, scratch_rule
+from .cpu import channels_last, copy_if_strided, to_channels_last
+
+aten = torch.ops.aten
+
+# oneDNN's fp32 blocked layouts group channels by the SIMD width: 16 with AVX-512 (8 with AVX2, so
+# 16 over-counts there, never under).
+BLOCK = 16
+# Scratch each oneDNN thread keeps next to its buffers: measured 8-56 KiB per thread.
+THREAD_SCRATCH = 64 * 1024
+# A primitive's own bookkeeping: measured up to a few hundred bytes.
+PRIMITIVE_SCRATCH = 512
+# Under this many input channels oneDNN keeps the source plain (forward: 8-15 stay plain, the
+# weight gradient reorders from 9 on).
+PLAIN_BELOW = 16
+PLAIN_BELOW_WEIGHT_GRAD = 9
+# Patchify convolutions (kernel == stride, as in ViTs) on fewer channels than this take a path
+# with per-thread weight partials.
+PATCHIFY_CHANNELS = 8
+# Depthwise weight gradients with kernels of this size or more reduce through C*kh*kw*256 elements.
+DEPTHWISE_BIG_KERNEL = 5
+DEPTHWISE_REDUCTION = 256
+
+
+def _pad(n: int) -> int:
+    return -(-n // BLOCK) * BLOCK
+
+
+def _blocked(t: torch.Tensor) -> int:
+    """Bytes of ``t`` in oneDNN's blocked layout: channels (dim 1) padded to a multiple of BLOCK."""
+    if t.dim() < 3:
+        return nbytes(t)
+    channels = t.shape[1]
+    return nbytes(t) // max(channels, 1) * _pad(channels)
+
+
+def _blocked_weight(w: torch.Tensor) -> int:
+    """A weight reordered for oneDNN: output and input channels padded to multiples of BLOCK."""
+    if w.dim() < 3:
+        return nbytes(w)
+    return _pad(w.shape[0]) * _pad(w.shape[1]) * w[0, 0].numel() * w.element_size()
+
+
+def _src_reorder(x: torch.Tensor, w: torch.Tensor, min_channels: int = PLAIN_BELOW) -> int:
+    """oneDNN reorders the input into its blocked layout for a 1x1 kernel, and for larger kernels
+    from ``min_channels`` input channels on."""
+    pointwise = all(k == 1 for k in w.shape[2:])
+    return _blocked(x) if pointwise or x.shape[1] >= min_channels else 0
+
+
+def _strided(stride: Any) -> bool:
+    return any(s > 1 for s in stride) if isinstance(stride, (list, tuple)) else stride > 1
+
+
+def _stride_area(stride: Any) -> int:
+    if isinstance(stride, (list, tuple)):
+        return max(1, math.prod(stride))
+    return max(1, stride)
+
+
+def _unit_stride_copy(x: torch.Tensor, w: torch.Tensor, stride: Any, threads: int) -> int:
+    """A strided 1x1 convolution runs as a unit-stride one on a subsampled copy of the blocked
+    input, one image per thread at a time."""
+    if not (_strided(stride) and all(k == 1 for k in w.shape[2:])) or x.dim() < 3:
+        return 0
+    return _blocked(x) // max(1, x.shape[0]) * max(1, threads) // _stride_area(stride)
+
+
+def _thread_scratch(threads: int) -> int:
+    return max(1, threads) * THREAD_SCRATCH
+
+
+@scratch_rule(aten.convolution.default, "cpu",
+              "source and weight reordered to blocked layouts, a blocked result copied out; channels-last: "
+              "weight reorders and per-thread scratch; a strided 1x1 kernel subsamples an image per thread",
+              "measured: oneDNN forward scans (channels 3-256, kernels 1/3, strides 1/2, 1-4 threads)")
+def _conv_forward(args: tuple, kwargs: dict, out: Any, ctx: RuleContext) -> int:
+    x, w, stride = args[0], args[1], args[3]
+    transposed, groups = args[6], args[8]
+    if transposed:
+        return 0
+    if channels_last(x):
+        # only the weight is reordered (dense: twice), plus the per-thread scratch
+        return (1 if groups > 1 else 2) * nbytes(w) + _thread_scratch(ctx.threads)
+    y = nbytes(out)
+    # (src reorder, weight reorder, blocked output) while the primitive runs, then blocked + dense
+    scratch = _unit_stride_copy(x, w, stride, ctx.threads) if groups == 1 else 0
+    blocked_y = _blocked(out)
+    weight = _blocked_weight(w) if groups == 1 else nbytes(w)
+    peak = copy_if_strided(x) + max(scratch + _src_reorder(x, w) + weight + blocked_y, blocked_y + y)
+    return peak - y + PRIMITIVE_SCRATCH
+
+
+def _weight_grad_scratch(w: torch.Tensor, threads: int) -> int:
+    """Every thread past the first reduces the weight gradient into its own weight-sized partial."""
+    return (max(1, threads) - 1) * nbytes(w) + _thread_scratch(threads)
+
+
+def _conv_backward_channels_last(grad_out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, stride: Any,
+                                 groups: int, mask: Any, threads: int) -> int:
+    gi = nbytes(x) if mask[0] else 0
+    depthwise = groups > 1 and groups == x.shape[1] and w.shape[1] == 1
+    big = all(k >= DEPTHWISE_BIG_KERNEL for k in w.shape[2:])
+    scratch = x.shape[1] * w[0].numel() * DEPTHWISE_REDUCTION * w.element_size() if mask[1] and depthwise and big else 0
+    # a grad_output in the other layout is converted first; a strided dense convolution scatters the
+    # input gradient through one more buffer and subsamples for a 1x1 kernel
+    strided = _strided(stride) and groups == 1
+    extra = (gi if strided else 0) + (_unit_stride_copy(x, w, stride, threads) if groups == 1 else 0)
+    base = to_channels_last(grad_out) + _thread_scratch(threads) + extra
+    return base + max((1 if groups > 1 else 3) * nbytes(w), scratch)
+
+
+@scratch_rule(aten.convolution_backward.default, "cpu",
+              "data gradient: grad_output and weight reordered, a blocked grad_input copied out; weight "
+              "gradient: input and grad_output reordered, a weight-sized partial per extra thread",
+              "measured: oneDNN backward scans (channels 3-256, kernels 1/3, strides 1/2, 1-4 threads)")
+def _conv_backward(args: tuple, kwargs: dict, out: Any, ctx: RuleContext) -> int:
+    grad_out, x, w, stride = args[0], args[1], args[2], args[4]
+    transposed, groups, mask = args[7], args[9], args[10]
+    if transposed:
+        return 0
+    threads = ctx.threads
+    new = sum(nbytes(o) for o in out if isinstance(o, torch.Tensor))
+    if channels_last(x):
+        return _conv_backward_channels_last(grad_out, x, w, stride, groups, mask, threads)
+    xi, wb = nbytes(x), nbytes(w)
+    gi = xi if mask[0] else 0
+    gw = wb if mask[1] else 0
+    base = copy_if_strided(grad_out) + copy_if_strided(x)
+    peak = 0
+    if mask[0]:
+        blocked_gi = _blocked(x)
+        extra = 0
+        if _strided(stride) and groups == 1:
+            # (few channels: in the blocked layout; and at least one blocked image per thread)
+            per_thread = max(1, threads) * blocked_gi // max(1, x.shape[0])
+            extra = max(gi if x.shape[1] % BLOCK == 0 else blocked_gi, per_thread)
+        peak = max(_blocked(grad_out) + wb + blocked_gi + _thread_scratch(threads),
+                   blocked_gi + gi + extra + 2 * _thread_scratch(threads))
+    if mask[1]:
+        scratch = _weight_grad_scratch(w, threads) + _unit_stride_copy(x, w, stride, threads) if groups == 1 else 0
+        if groups == 1 and x.shape[1] < PLAIN_BELOW and not all(k == 1 for k in w.shape[2:]):
+            scratch += xi  # under 16 channels, some spatial sizes take a path with a dense input copy
+        peak = max(peak, gi + max(_src_reorder(x, w, PLAIN_BELOW_WEIGHT_GRAD) + _blocked(grad_out) + gw + scratch,
+                                  2 * gw))
+        if x.shape[1] < PATCHIFY_CHANNELS and list(w.shape[2:]) == list(stride):
+            # each thread keeps four weight-gradient partials and one image's worth of patches
+            per_thread = 4 * wb + x[0].numel() * x.element_size()
+            peak = max(peak, gi + gw + threads * per_thread)
+    return max(0, base + peak - new)
