@@ -10,6 +10,7 @@ from torch import fx
 from .budget import parse_budget
 from .errors import public
 from .planner import Problem, apply_regions, plan_problem, prepare
+from .planner.problem import trace_and_profile
 from .profiler.model import ModelProfile, profile_graph
 from .solvers.base import Plan
 from .solvers.registry import DEFAULT_SLOTS, SolveSettings, get_solver
@@ -23,22 +24,23 @@ def _as_args(example_inputs: Any) -> tuple:
 
 
 @public
-def profile(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | None = None) -> ModelProfile:
+def profile(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | None = None, *,
+            calibrate: bool | None = None) -> ModelProfile:
     """Predict FLOPs, per-node memory and the peak of one training step, on fake tensors.
 
     The model is traced (it is not modified) and its step simulated without allocating real
-    memory: ``example_inputs`` may live on the meta device.
+    memory: ``example_inputs`` may live on the meta device.  Kernel scratch is measured op by op
+    on this machine when the inputs are real CPU tensors (``calibrate=None``; True/False force it),
+    else bounded by the memory rules.
     """
-    args = _as_args(example_inputs)
-    gm = trace(model, args, kwargs)
-    return profile_graph(gm, args, kwargs)
+    return trace_and_profile(model, _as_args(example_inputs), kwargs, calibrate).profile
 
 
 @public
 def checkpoint(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | None = None, *,
                budget: int | float | str | None = None, solver: str = "rotor",
                shared_inputs: tuple[str, ...] = (), slots: int = DEFAULT_SLOTS,
-               world_size: int = 1, sharding: str | None = None) -> fx.GraphModule:
+               world_size: int = 1, sharding: str | None = None, calibrate: bool | None = None) -> fx.GraphModule:
     """A GraphModule that trains like ``model`` within ``budget``, recomputing what it must.
 
     ``budget``: bytes (int), a size ("1.5GiB", "800MB"), or a fraction in (0, 1] of what
@@ -56,16 +58,26 @@ def checkpoint(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | 
         budget = 0.5
     parsed = None if budget is None else parse_budget(budget)
     problem = prepare(model, _as_args(example_inputs), kwargs, tuple(shared_inputs),
-                      world_size=world_size, sharding=sharding)
+                      world_size=world_size, sharding=sharding, calibrate=calibrate)
     gm, _ = plan_problem(problem, solver, parsed, SolveSettings(slots=slots))
     return gm
 
 
 @public
 def apply_plan(model: torch.nn.Module, example_inputs: Any, plan: Plan, kwargs: dict | None = None, *,
-               shared_inputs: tuple[str, ...] = ()) -> fx.GraphModule:
-    """Re-apply a saved plan without solving; the model must trace to the same stages."""
+               shared_inputs: tuple[str, ...] = (), allow_other_shapes: bool = False) -> fx.GraphModule:
+    """Re-apply a saved plan without solving; the model must trace to the same stages.
+
+    A plan holds for the input shapes it was made for (``plan.info["inputs"]``): inputs of other
+    shapes are refused unless ``allow_other_shapes=True`` (the budget was not checked for them).
+    """
     problem: Problem = prepare(model, _as_args(example_inputs), kwargs, tuple(shared_inputs))
+    planned = plan.info.get("inputs")
+    contract = problem.gm.remat_contract
+    now = {n: list(sh) for n, sh in zip(contract.names, contract.shapes) if sh is not None}
+    if planned is not None and planned != now and not allow_other_shapes:
+        raise ValueError(f"this plan was made for inputs {planned}, not {now}: its memory budget was verified for "
+                         "those shapes only. Plan again for these inputs, or pass allow_other_shapes=True")
     level = plan.info.get("granularity", "blocks")
     if level not in problem.levels:
         raise ValueError(f"this plan was made for a {level!r} chain, which this model does not have")

@@ -1,7 +1,7 @@
 """Errors remat raises on purpose; anything else escaping a public function is a bug."""
 from __future__ import annotations
 
-__all__ = ["RematError", "TraceError", "InfeasibleBudget", "RematWarning", "InternalError", "public"]
+__all__ = ["RematError", "TraceError", "InfeasibleBudget", "RematWarning", "ShapeError", "InternalError", "public"]
 
 
 class RematWarning(UserWarning):
@@ -23,6 +23,11 @@ class InfeasibleBudget(RematError):
         super().__init__(message)
         self.min_bytes = min_bytes
         self.min_fraction = min_fraction
+
+
+class ShapeError(RematError, ValueError):
+    """A checkpointed module was called with inputs its plan does not cover (a dimension the trace
+    fixed, or a different number of dimensions); the message says what was planned."""
 
 
 class InternalError(RematError):

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
+from .instrument import cpu_window
 from .step import loss_of
 
 __all__ = ["measure_peak", "resident_bytes", "unique_storage_bytes"]
@@ -68,19 +69,12 @@ def _step(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
 
 
 def _cpu_peak_above(model: torch.nn.Module, args: tuple, kwargs: dict) -> int:
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    def step() -> None:
         loss = loss_of(model(*args, **kwargs))
         if loss is not None:
             loss.backward()
-        del loss
-    running = peak = 0
-    for event in prof.profiler.kineto_results.events():
-        if event.name() == "[memory]" and event.device_type() == torch.autograd.DeviceType.CPU:
-            running += event.nbytes()
-            peak = max(peak, running)
-    return peak
+
+    return cpu_window(step).peak
 
 
 def _cuda_peak_above(model: torch.nn.Module, args: tuple, kwargs: dict, device: torch.device) -> int:

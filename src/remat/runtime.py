@@ -1,21 +1,31 @@
-"""What generated modules call at run time; the generated code imports it by this module's name.
+"""What generated modules call at run time; the generated code imports it as ``remat.runtime``.
 
 Keep these names stable: a module written out with ``remat plan --code`` or pickled refers to them.
 
 * ``freeze_state``: checkpoint keyword arguments that stop recomputation from updating module
   state (BatchNorm running statistics) a second time.
+* ``check_inputs``: the shape contract of a plan.  It covers inputs up to the planned shapes:
+  smaller batches and sequences run exactly; a larger one runs but warns (``RematWarning``) that
+  the budget no longer holds; a dimension the trace pinned raises ``ShapeError``; more CPU threads
+  than the plan assumed warn too (per-thread kernel scratch grows with them).
+* ``RematModule``: the GraphModule class of generated modules; it pickles as its code and state
+  (fx would re-trace the code, inlining the checkpoint calls) and ``restore`` reads it back.
 """
 from __future__ import annotations
 
 import contextlib
+import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .errors import RematWarning, ShapeError
 from .profiler.rules import hidden_writes
 
-__all__ = ["freeze_state"]
+__all__ = ["freeze_state", "check_inputs", "InputContract", "RematModule", "restore"]
 
 
 class _FrozenStateMode(TorchDispatchMode):
@@ -81,3 +91,90 @@ def freeze_state(module: torch.nn.Module, ops: bool = False) -> dict[str, Any]:
         return contextlib.nullcontext(), _FrozenStateMode(state)
 
     return {"context_fn": context_fn}
+
+
+# --- the shape contract -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class InputContract:
+    """The inputs a plan was made for: one entry per graph input, in order."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...] | None, ...]  # None: not a tensor
+    dynamic: tuple[tuple[bool, ...] | None, ...]  # per dimension: may it differ from the planned size
+    threads: int  # CPU threads the plan assumed
+
+    def describe(self) -> str:
+        return ", ".join(f"{n} {tuple(s)}" for n, s in zip(self.names, self.shapes) if s is not None)
+
+
+def _warn_once(module: torch.nn.Module, key: str, message: str) -> None:
+    seen = module.__dict__.setdefault("_remat_warned", set())
+    if key not in seen:
+        seen.add(key)
+        warnings.warn(message, RematWarning, stacklevel=3)
+
+
+def check_inputs(module: torch.nn.Module, *values: Any) -> None:
+    """Hold the inputs of a call to the plan's contract (see the module docstring)."""
+    contract: InputContract | None = getattr(module, "remat_contract", None)
+    if contract is None or torch.compiler.is_compiling():
+        return
+    for name, value, planned, dynamic in zip(contract.names, values, contract.shapes, contract.dynamic):
+        if planned is None or not isinstance(value, torch.Tensor):
+            continue
+        shape = tuple(value.shape)
+        if len(shape) != len(planned):
+            raise ShapeError(f"input {name!r} has shape {shape}; this module was planned for {tuple(planned)} "
+                             f"(inputs {contract.describe()}): plan again with inputs of the new shape")
+        for dim, (size, want, free) in enumerate(zip(shape, planned, dynamic)):
+            if not free and size != want:
+                raise ShapeError(f"input {name!r} has size {size} in dimension {dim}, but the traced graph fixes it "
+                                 f"at {want} (planned inputs: {contract.describe()}): plan again with inputs of the "
+                                 "new shape, e.g. remat.checkpoint(model, new_inputs, budget=...)")
+        if any(s > w for s, w in zip(shape, planned)):
+            _warn_once(module, f"shape:{name}:{shape}",
+                       f"input {name!r} has shape {shape}, larger than the planned {tuple(planned)}: the plan's memory "
+                       "budget no longer holds for it; plan with the largest inputs you will use")
+    if torch.get_num_threads() > contract.threads:
+        _warn_once(module, "threads", f"running with {torch.get_num_threads()} CPU threads where the plan assumed "
+                   f"{contract.threads}: kernels keep per-thread scratch, so the step may exceed the budget; plan "
+                   "with the thread count you train with")
+
+
+# --- pickling -----------------------------------------------------------------------------------------
+class RematModule(fx.GraphModule):
+    """A generated module.  It pickles as its code and state: unpickling a GraphModule re-traces its
+    code, which would run the checkpoint calls inline (and drop the grad-mode blocks)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        _, (body, import_block) = super().__reduce__()
+        return (restore, (body, import_block))
+
+
+class RestoredModule(torch.nn.Module):
+    """A generated module read back from a pickle: its code, submodules, parameters, buffers and
+    attributes (``remat_plan`` among them), without the fx graph."""
+
+    def __init__(self, body: dict[str, Any], import_block: str) -> None:
+        super().__init__()
+        self.__dict__.update(body)
+        self._remat_import_block = import_block
+        namespace: dict[str, Any] = {}
+        exec(compile(import_block + "\n" + self.code, f"<remat {type(self).__name__}>", "exec"), namespace)
+        self._remat_forward = namespace["forward"]
+
+    @property
+    def code(self) -> str:
+        return self.__dict__.get("_code") or self.__dict__["code"]
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._remat_forward(self, *args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        body = {k: v for k, v in self.__dict__.items() if k not in ("_remat_forward", "_remat_import_block")}
+        return (restore, (body, self._remat_import_block))
+
+
+def restore(body: dict[str, Any], import_block: str) -> torch.nn.Module:
+    """Read back a pickled generated module (``RematModule.__reduce__``)."""
+    return RestoredModule(body, import_block)

@@ -2,6 +2,8 @@
 
 
 def forward(self, x : torch.Tensor) -> torch.Tensor:
+    import remat.runtime
+    remat.runtime.check_inputs(self, x)
     def ckpt_0(x):  # stages 0..3: conv1 .. layer1_0_relu_1
         conv1 = self.conv1(x);  x = None
         bn1 = self.bn1(conv1);  conv1 = None
@@ -15,7 +17,7 @@ def forward(self, x : torch.Tensor) -> torch.Tensor:
         add = layer1_0_bn2 + maxpool;  layer1_0_bn2 = maxpool = None
         layer1_0_relu_1 = getattr(self.layer1, "0").relu(add);  add = None
         return layer1_0_relu_1
-    layer1_0_relu_1 = torch.utils.checkpoint.checkpoint(ckpt_0, x, use_reentrant=False, preserve_rng_state=False, **remat_freeze_state(self));  x = None
+    layer1_0_relu_1 = torch.utils.checkpoint.checkpoint(ckpt_0, x, use_reentrant=False, preserve_rng_state=False, **remat.runtime.freeze_state(self));  x = None
     def ckpt_1(layer1_0_relu_1):  # stages 4..7: layer1_1_conv1 .. layer3_0_relu_1
         layer1_1_conv1 = getattr(self.layer1, "1").conv1(layer1_0_relu_1)
         layer1_1_bn1 = getattr(self.layer1, "1").bn1(layer1_1_conv1);  layer1_1_conv1 = None
@@ -50,7 +52,7 @@ def forward(self, x : torch.Tensor) -> torch.Tensor:
         add_4 = layer3_0_bn2 + layer3_0_downsample_1;  layer3_0_bn2 = layer3_0_downsample_1 = None
         layer3_0_relu_1 = getattr(self.layer3, "0").relu(add_4);  add_4 = None
         return layer3_0_relu_1
-    layer3_0_relu_1 = torch.utils.checkpoint.checkpoint(ckpt_1, layer1_0_relu_1, use_reentrant=False, preserve_rng_state=False, **remat_freeze_state(self));  layer1_0_relu_1 = None
+    layer3_0_relu_1 = torch.utils.checkpoint.checkpoint(ckpt_1, layer1_0_relu_1, use_reentrant=False, preserve_rng_state=False, **remat.runtime.freeze_state(self));  layer1_0_relu_1 = None
     def ckpt_2(layer3_0_relu_1):  # stages 8..11: layer3_1_conv1 .. avgpool
         layer3_1_conv1 = getattr(self.layer3, "1").conv1(layer3_0_relu_1)
         layer3_1_bn1 = getattr(self.layer3, "1").bn1(layer3_1_conv1);  layer3_1_conv1 = None
@@ -77,8 +79,8 @@ def forward(self, x : torch.Tensor) -> torch.Tensor:
         layer4_1_relu_1 = getattr(self.layer4, "1").relu(add_7);  add_7 = None
         avgpool = self.avgpool(layer4_1_relu_1);  layer4_1_relu_1 = None
         return avgpool
-    avgpool = torch.utils.checkpoint.checkpoint(ckpt_2, layer3_0_relu_1, use_reentrant=False, preserve_rng_state=False, **remat_freeze_state(self));  layer3_0_relu_1 = None
+    avgpool = torch.utils.checkpoint.checkpoint(ckpt_2, layer3_0_relu_1, use_reentrant=False, preserve_rng_state=False, **remat.runtime.freeze_state(self));  layer3_0_relu_1 = None
     flatten = torch.flatten(avgpool, 1);  avgpool = None
     fc = self.fc(flatten);  flatten = None
-    return fc;  fc = None
+    return fc
     

@@ -22,6 +22,10 @@ __all__ = ["Candidate", "Granularity", "Problem", "apply_regions", "coarsen", "m
            "prepare", "smallest_budget"]
 
 
+def _count(regions) -> int:
+    return sum(1 + _count(r.children) for r in regions)
+
+
 def plan_problem(problem: Problem, solver_name: str, budget: Budget | None,
                  settings: SolveSettings = SolveSettings(), verify: bool = True) -> tuple[fx.GraphModule, Plan]:
     """Solve, generate and verify; returns the module and its Plan (or raises InfeasibleBudget).
@@ -50,7 +54,11 @@ def plan_problem(problem: Problem, solver_name: str, budget: Budget | None,
         info={"unconstrained_peak_bytes": problem.unconstrained, "fixed_bytes": problem.fixed,
               "resident_bytes": problem.resident, "solve_seconds": round(time.perf_counter() - start, 3),
               "attempts": found.attempts, "frontend": problem.profile.frontend, "slots": settings.slots,
-              "granularity": found.level.name,
+              "granularity": found.level.name, **problem.scratch_info(),
+              "inputs": {n: list(sh) for n, sh in zip(problem.gm.remat_contract.names, problem.gm.remat_contract.shapes)
+                         if sh is not None},
+              **({"user_checkpoints": _count(problem.user_regions),
+                  "user_checkpoints_kept": found.module is problem.baseline} if problem.user_regions else {}),
               **({"world_size": problem.shard.world_size, "sharding": "fsdp"} if problem.shard else {})},
     )
     found.module.remat_plan = plan

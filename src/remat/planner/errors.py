@@ -15,6 +15,12 @@ def infeasible(problem: Problem, budget_bytes: int, solver: str, need: int) -> I
     """No ``solver`` plan fits ``budget_bytes``; ``need`` is the smallest verified budget."""
     span = max(1, problem.unconstrained - problem.fixed)
     fraction = min(1.0, (need - problem.fixed) / span)
+    if need >= problem.unconstrained and problem.user_regions:
+        return InfeasibleBudget(
+            f"no {solver} schedule fits a budget of {budget_bytes} bytes ({fmt_bytes(budget_bytes)}): the model's own "
+            f"checkpoint calls already bring the step to {fmt_bytes(problem.unconstrained)} and remat finds no plan "
+            f"below that (without them the step needs {fmt_bytes(problem.profile.inlined_peak_bytes)}); the smallest "
+            f"feasible budget is {need} bytes, a fraction of 1.0", need, 1.0)
     if need >= problem.unconstrained:
         return InfeasibleBudget(
             f"no {solver} schedule fits a budget of {budget_bytes} bytes ({fmt_bytes(budget_bytes)}): checkpointing "

@@ -11,14 +11,21 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
+from torch.utils._pytree import tree_leaves
+
 from ..chain import Chain, linearize
+from ..codegen import NodeRegion, build
+from ..fake import target_device
+from ..profiler.calibrate import calibration_for
+from ..profiler.dispatch import ScratchSource, Target
 from ..profiler.model import ModelProfile, profile_graph
 from ..profiler.step import simulate_step
 from ..sharding import SHARDINGS, ShardModel, shard_chain, shard_model
 from ..solvers.model import ChainModel
 from ..trace import trace
+from .inputs import contract, user_regions
 
-__all__ = ["Granularity", "Problem", "prepare", "coarsen", "MAX_STAGES"]
+__all__ = ["Granularity", "Problem", "Profiled", "prepare", "coarsen", "trace_and_profile", "MAX_STAGES"]
 
 # The rotor table grows as stages^2 x slots: 128 stages keep one solve under a second or two on 2
 # cores (benchmarks/solvers.py times the DP), and deep models keep blocks of a few layers each.
@@ -43,7 +50,11 @@ class Problem:
     args: tuple
     kwargs: dict
     profile: ModelProfile
+    baseline: fx.GraphModule  # the step as the model runs it: with its own checkpoint calls, if any
+    user_regions: tuple[NodeRegion, ...] = ()  # the model's own checkpoint calls (planner/inputs.py)
     levels: dict[str, Granularity] = field(default_factory=dict)
+    target: Target = field(default_factory=Target)
+    scratch: ScratchSource | None = None  # None: the memory rules' bounds (else measured, calibrate.py)
     shard: ShardModel | None = None  # FSDP2 planning: per-process terms (sharding.py)
     sharded_peak: int = 0  # the unconstrained step's predicted per-process peak, when sharded
 
@@ -76,9 +87,20 @@ class Problem:
     def predict(self, gm: fx.GraphModule) -> int:
         """Predicted peak of one training step of ``gm`` (a generated module of this problem)."""
         if self.shard is None:
-            return simulate_step(gm, self.args, self.kwargs).peak
-        step = simulate_step(gm, self.args, self.kwargs, self.shard.grad_shards)
+            return simulate_step(gm, self.args, self.kwargs, target=self.target, scratch=self.scratch).peak
+        step = simulate_step(gm, self.args, self.kwargs, self.shard.grad_shards, self.target, self.scratch)
         return self.resident + step.peak_above
+
+    def scratch_info(self) -> dict[str, object]:
+        """Where kernel scratch came from, for the plan: measured here, or the rules' bounds."""
+        info: dict[str, object] = {"threads": self.target.threads}
+        if self.scratch is None or not hasattr(self.scratch, "measured"):
+            info["scratch"] = "rules"
+        else:
+            self.scratch.flush()
+            info.update(scratch="measured", measured_signatures=self.scratch.measured,
+                        estimated_calls=self.scratch.estimated)
+        return info
 
 
 def coarsen(model: ChainModel, max_stages: int) -> tuple[ChainModel, list[tuple[int, int]]]:
@@ -95,21 +117,59 @@ def coarsen(model: ChainModel, max_stages: int) -> tuple[ChainModel, list[tuple[
     return model.merged(groups), groups
 
 
+@dataclass
+class Profiled:
+    """A traced and profiled model: the trace (the model's checkpoint calls inlined), the module
+    that runs the step as the model does (``baseline``), and where kernel scratch came from."""
+
+    gm: fx.GraphModule
+    profile: ModelProfile  # peak_bytes: the baseline's; inlined_peak_bytes: the trace's
+    baseline: fx.GraphModule
+    user_regions: tuple[NodeRegion, ...]
+    target: Target
+    scratch: ScratchSource | None
+
+
+def trace_and_profile(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
+                      calibrate: bool | None = None, check: bool = True) -> Profiled:
+    """Trace ``model`` and profile one step of the trace for the device its tensors are on; with
+    the model's own checkpoint calls, the step's peak is the one with them in place."""
+    gm = trace(model, args, kwargs, check=check)
+    tensors = [t for t in (*model.parameters(), *model.buffers(), *tree_leaves((args, kwargs)))
+               if isinstance(t, torch.Tensor)]
+    target = Target(target_device(tensors))
+    scratch = calibration_for(target, tensors, calibrate)
+    prof = profile_graph(gm, args, kwargs, target, scratch)
+    gm.remat_contract = contract(gm, target.threads)
+    regions = user_regions(gm)
+    baseline = build(gm, regions)
+    if regions:
+        prof.peak_bytes = simulate_step(baseline, args, kwargs, target=target, scratch=scratch).peak
+    if scratch is not None:
+        scratch.flush()
+    return Profiled(gm, prof, baseline, regions, target, scratch)
+
+
 def prepare(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
             shared_inputs: tuple[str, ...] = (), max_stages: int = MAX_STAGES, *,
-            world_size: int = 1, sharding: str | None = None) -> Problem:
-    """Trace, profile and linearize once; ``sharding="fsdp"`` plans per process (sharding.py)."""
+            world_size: int = 1, sharding: str | None = None, calibrate: bool | None = None,
+            check: bool = True) -> Problem:
+    """Trace, profile and linearize once; ``sharding="fsdp"`` plans per process (sharding.py).
+
+    ``calibrate``: measure kernel scratch on this machine (None: when the model and inputs are
+    real CPU tensors; profiler/calibrate.py)."""
     if sharding not in (None, *SHARDINGS):
         raise ValueError(f"unknown sharding {sharding!r}; choose None or one of {', '.join(SHARDINGS)}")
     if sharding is None and world_size != 1:
         raise ValueError("world_size only changes the plan with sharding='fsdp'; under DDP every process "
                          "holds the whole model, so plan with the defaults")
-    gm = trace(model, args, kwargs)
-    prof = profile_graph(gm, args, kwargs)
-    problem = Problem(gm, args, kwargs or {}, prof)
+    done = trace_and_profile(model, args, kwargs, calibrate, check)
+    gm, prof = done.gm, done.profile
+    problem = Problem(gm, args, kwargs or {}, prof, done.baseline, done.user_regions, target=done.target,
+                      scratch=done.scratch)
     if sharding == "fsdp":
         problem.shard = shard_model(gm, world_size, prof.buffer_bytes + prof.input_bytes)
-        problem.sharded_peak = problem.predict(gm)
+        problem.sharded_peak = problem.predict(done.baseline)
     for name, split in (("blocks", False), ("fine", True)):
         chain = linearize(gm, shared_inputs, split_blocks=split)
         if problem.shard is not None:

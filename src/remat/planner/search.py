@@ -62,8 +62,9 @@ def _expand(regions: tuple[Region, ...], groups: list[tuple[int, int]]) -> tuple
 
 
 def apply_regions(problem: Problem, regions: tuple[Region, ...], level: str = "blocks") -> fx.GraphModule:
-    """The checkpointed module for ``regions`` over the stages of ``level`` (the traced one if none)."""
-    return generate(problem.gm, problem.levels[level].chain, regions) if regions else problem.gm
+    """The checkpointed module for ``regions`` over the stages of ``level``; with none, the step as
+    the model runs it (its own checkpoint calls kept)."""
+    return generate(problem.gm, problem.levels[level].chain, regions) if regions else problem.baseline
 
 
 def solve_regions(problem: Problem, solver: Solver, limit: int,
@@ -109,7 +110,7 @@ def find_plan(problem: Problem, solver: Solver, budget_bytes: int | None,
     blocks = problem.levels["blocks"]
     # the step fits as it is: a budgeted solver has nothing to recompute
     if solver.budgeted and budget_bytes is not None and problem.unconstrained <= budget_bytes:
-        return Candidate(blocks, (), problem.gm, problem.unconstrained, 1)
+        return Candidate(blocks, (), problem.baseline, problem.unconstrained, 1)
     best: int | None = None
     for attempts in range(1, MAX_ATTEMPTS + 1):
         found = solve_regions(problem, solver, limit, settings)
@@ -118,7 +119,7 @@ def find_plan(problem: Problem, solver: Solver, budget_bytes: int | None,
         level, regions = found
         gm = apply_regions(problem, regions, level.name)
         if not regions:
-            peak = problem.unconstrained  # the traced model itself
+            peak = problem.unconstrained  # the model's own step
         elif verify:
             peak = problem.predict(gm)
         else:

@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..fake import FakeSession, module_of
 from ..step import reparametrized
-from .flops import run_op
+from .flops import decomposes, run_op
 from .memory import StorageTracker, storages_of
 from .rules import MemoryRule, RuleContext, rules_for
 from .rules.composites import EagerComposites
@@ -73,7 +73,7 @@ def _op_device(args: tuple, out: Any) -> str | None:
     return None
 
 
-Observer = Callable[[Any, tuple, dict, Any], None]
+Observer = Callable[..., None]  # (func, args, kwargs, out, as_is=True)
 
 
 class AccountingMode(TorchDispatchMode):
@@ -89,9 +89,11 @@ class AccountingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.observer is not None and decomposes(func):
+            self.observer(func, args, kwargs, None, False)  # it runs as its parts, seen one by one
         out, as_is = run_op(self, func, args, kwargs)
         if not as_is:
-            return out  # its parts were seen one by one
+            return out
         out = self.account(func, args, kwargs, out)
         if self.observer is not None:
             self.observer(func, args, kwargs, out)

@@ -35,6 +35,10 @@ class ModelProfile:
     nodes: list[NodeProfile] = field(default_factory=list)
     frontend: str = ""
     profile_seconds: float = 0.0
+    inlined_peak_bytes: int = 0  # the peak with the model's own checkpoint calls run inline
+
+    def __post_init__(self) -> None:
+        self.inlined_peak_bytes = self.inlined_peak_bytes or self.peak_bytes
 
     @property
     def resident_bytes(self) -> int:

@@ -17,14 +17,24 @@ from torch.utils._pytree import tree_flatten
 from .flops import BWD, FWD, LOSS, FlopCounter
 from .memory import StorageTracker
 from .rules import hidden_writes
+from ..trace.modes import MODES_KEY, entered
 
 __all__ = ["NodeProfile", "NodeProfiler"]
 
 META_KEY = "remat"
-RANDOM_OPS = frozenset(
-    "bernoulli bernoulli_ native_dropout _fused_dropout rand rand_like randn randn_like randint randint_like "
-    "randperm normal normal_ uniform_ exponential_ geometric_ cauchy_ log_normal_ random_ multinomial "
-    "poisson rrelu_with_noise".split())
+
+
+def draws_random(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Does this call draw random numbers?  torch tags such ops ``nondeterministic_seeded``
+    (dropout, bernoulli, rand*, fused attention kernels, ...); where the op has a ``dropout_p``
+    argument, only a nonzero one draws."""
+    if torch.Tag.nondeterministic_seeded not in getattr(func, "tags", ()):
+        return False
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.name == "dropout_p":
+            value = kwargs.get("dropout_p", args[i] if i < len(args) else arg.default_value)
+            return bool(value)
+    return True
 
 
 @dataclass
@@ -46,6 +56,7 @@ class NodeProfile:
     mutates_state: bool = False  # writes a parameter or buffer in place (BatchNorm statistics)
     tensor_out: bool = False  # the node's value holds a tensor (else: a size, an int, None, ...)
     random: bool = False  # draws random numbers (dropout): recomputing it must replay the RNG state
+    shape: tuple[int, ...] | None = None  # a placeholder's tensor shape (the planned input shape)
     # nodes whose storage this node writes in place (BatchNorm -> relu_): no cut may separate them
     writes_into: frozenset[str] = field(default=frozenset(), repr=False)
     # storage uids (StorageTracker), for stage-level accounting in chain.py
@@ -93,17 +104,20 @@ class NodeProfiler(fx.Interpreter):
         self.grad_owner: dict[int, tuple[torch.Tensor, NodeProfile]] = {}
 
     # --- every op (called by the accounting mode after it) ---------------------------------------
-    def observe(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
-        """Count the op's FLOPs and note what it writes and draws, for the node running now."""
-        flops = self.flops.count(func, args, kwargs, out)
+    def observe(self, func: Any, args: tuple, kwargs: dict, out: Any, as_is: bool = True) -> None:
+        """Count the op's FLOPs and note what it writes and draws, for the node running now.
+        ``as_is=False``: a composite op about to run as its parts (seen one by one after this)."""
         prof = self.current
+        if prof is not None and self.flops.phase == FWD and draws_random(func, args, kwargs):
+            prof.random = True
+        if not as_is:
+            return
+        flops = self.flops.count(func, args, kwargs, out)
         if prof is None:
             self.unattributed[self.flops.phase] += flops
         elif self.flops.phase == FWD:
             prof.fwd_flops += flops
             self.record_writes(prof, func, args)
-            if func._overloadpacket.__name__ in RANDOM_OPS:
-                prof.random = True
         elif self.flops.phase == BWD:
             prof.bwd_flops += flops
 
@@ -132,11 +146,13 @@ class NodeProfiler(fx.Interpreter):
         self.current, self.tracker.owner = prof, n.name
         self._pending_saved = []
         before = self.tracker.mark()
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack), entered(n.meta.get(MODES_KEY, ())):
             out = getattr(self, n.op)(n.target, args, kwargs)
         self.current, self.tracker.owner = None, None
         outs = _tensors(out)
         prof.tensor_out = bool(outs)
+        if n.op == "placeholder" and isinstance(out, torch.Tensor):
+            prof.shape = tuple(int(d) for d in out.shape)
         out_uids = {u for u in (self.tracker.uid(t) for t in outs) if u is not None and u >= 0
                     and self.tracker.producer.get(u) == n.name}
         prof.fwd_out = sum(self.tracker.nbytes[u] for u in out_uids)

@@ -77,7 +77,12 @@ class Plan:
                      + (f"   ({'fits' if self.predicted_peak_bytes <= self.budget_bytes else 'OVER'})"
                         if self.budget_bytes is not None else ""))
         lines.append(f"recompute       {self.recompute_ratio:>12.1%} of the step's FLOPs")
-        if not self.regions:
+        users = self.info.get("user_checkpoints")
+        if users:
+            verdict = ("kept: the step fits the budget as the model checkpoints it" if self.info.get("user_checkpoints_kept")
+                       else "replaced by the regions below")
+            lines.append(f"the model's own checkpoint calls ({users}): {verdict}")
+        if not self.regions and not (users and self.info.get("user_checkpoints_kept")):
             lines.append("no checkpointing")
 
         def walk(regions: tuple[Region, ...], depth: int) -> None:

@@ -1,0 +1,73 @@
+"""The allocator instruments every measurement in remat reads.
+
+* CPU: the allocator's own events, recorded by ``torch.profiler`` with ``profile_memory=True``:
+  the running sum of every ``[memory]`` record from the start of the window.
+* CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``.
+
+torch.profiler's backend (kineto) writes log lines to the process's stderr when it starts and stops
+(``USDT: ... profiler_start``, and on a machine without a GPU ``ERROR: ... gpuGetDeviceCount``);
+they say nothing about the run, so stderr is silenced while the profiler starts and stops only,
+and the user's logging settings are left as they are.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["Window", "cpu_window", "quiet_stderr"]
+
+
+@contextmanager
+def quiet_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 (C++ logging included) for the duration of the block."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real stderr (embedded interpreters): nothing to silence
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+@dataclass(frozen=True)
+class Window:
+    """What the allocator did during one window: its highest and its final total (bytes above the
+    start), and the value the measured function returned."""
+
+    peak: int
+    end: int
+    value: Any = None
+
+
+def cpu_window(fn: Callable[[], Any]) -> Window:
+    """Run ``fn`` under the CPU allocator's events; keeps ``fn``'s result alive to the window's end,
+    so ``end`` counts what it returned."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with quiet_stderr():
+        prof.__enter__()
+    try:
+        value = fn()
+    finally:
+        with quiet_stderr():
+            prof.__exit__(None, None, None)
+    running = peak = 0
+    for event in prof.profiler.kineto_results.events():
+        if event.name() == "[memory]" and event.device_type() == torch.autograd.DeviceType.CPU:
+            running += event.nbytes()
+            peak = max(peak, running)
+    return Window(peak, running, value)

@@ -1,0 +1,93 @@
+"""Trace a model into a torch.fx GraphModule that trains like it, or say why not.
+
+Frontends in order: ``symbolic_trace`` (readable code, the model's own module calls; symbolic.py),
+then ``torch.export`` (follows data-dependent Python; export.py).  Each records the model's grad and
+autocast regions and its own checkpoint calls.  The first trace that passes the trace check
+(check.py: one step of each on the same inputs, outputs, gradients and buffers compared) is
+returned; ``gm.remat_frontend`` says which.  When none agrees, ``TraceError`` names the first
+difference of each, or where each failed to trace.
+"""
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import fx
+
+from ..errors import TraceError
+from ..fake import module_of
+from .check import Mismatch, check_trace
+from .export import export
+from .modes import MODES_KEY
+from .symbolic import symbolic
+
+__all__ = ["trace", "FRONTENDS"]
+
+def _symbolic(model: torch.nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
+    gm = symbolic(model)
+    if any(MODES_KEY in n.meta for n in gm.graph.nodes):
+        from ..codegen import build  # the generated code enters the recorded modes
+
+        gm = build(gm)
+    return gm
+
+
+FRONTENDS: dict[str, Callable[[torch.nn.Module, tuple, dict], fx.GraphModule]] = {
+    "symbolic_trace": _symbolic,
+    "export": export,
+}
+_SHOWN = {"export": "torch.export"}
+
+
+def _where(exc: BaseException) -> str:
+    """The innermost frame of user code (not torch) in a traceback, for the error message."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/torch/" not in f.filename
+              and "/remat/" not in f.filename]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f"{f.filename}:{f.lineno}: {f.line}"
+
+
+def _hint(failures: dict[str, BaseException | Mismatch]) -> str:
+    text = " ".join(str(e) for e in failures.values())
+    if "use_cache" in text or "past_key_values" in text or "DynamicCache" in text:
+        return "turn off the KV cache: model.config.use_cache = False"
+    if any(isinstance(e, Mismatch) for e in failures.values()):
+        return ("the traced module computes something else than the model (a Python side effect, state "
+                "kept between calls, or random numbers drawn outside torch); mark the submodule responsible "
+                "as a leaf, or pass check=False if you know the difference does not matter")
+    return ("mark the submodule that breaks tracing as a leaf, pass `shared_inputs` for inputs used "
+            "everywhere (attention masks), or turn off caches (`config.use_cache = False`)")
+
+
+def trace(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | None = None, *,
+          check: bool = True) -> fx.GraphModule:
+    """Trace ``model`` into a GraphModule that shares its parameters and keeps their names, and
+    (``check=True``) trains like it on ``example_inputs``."""
+    if module_of(model) is None:
+        raise TypeError(f"remat traces torch.nn.Module instances, got {type(model).__name__}")
+    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    kwargs = kwargs or {}
+    failures: dict[str, BaseException | Mismatch] = {}
+    for name, frontend in FRONTENDS.items():
+        try:
+            gm = frontend(model, args, kwargs)
+        except Exception as e:  # noqa: BLE001 - any tracing failure moves on to the next frontend
+            failures[name] = e
+            continue
+        mismatch = check_trace(model, gm, args, kwargs) if check else None
+        if mismatch is None:
+            return gm
+        failures[name] = mismatch
+    lines = [f"could not trace {type(model).__name__} into a module that trains like it."]
+    for name, failure in failures.items():
+        if isinstance(failure, Mismatch):
+            lines.append(f"  {_SHOWN.get(name, name)} traced, but the trace check found a difference: {failure}")
+        else:
+            where = _where(failure) or "?"
+            lines.append(f"  {_SHOWN.get(name, name)} failed at {where}: {type(failure).__name__}: {failure}")
+    lines.append(f"  Try: {_hint(failures)}.")
+    raise TraceError("\n".join(lines)) from next((f for f in failures.values() if isinstance(f, BaseException)), None)

@@ -1,0 +1,160 @@
+"""The trace check: the traced module must train like the model before anything is planned on it.
+
+Both run one training step (DESIGN.md) on the same inputs with the same random seed: real inputs
+cut to a batch of at most ``CHECK_BATCH`` (every tensor input whose first dimension is the batch),
+or fake ones when the model or its inputs are on meta (then only shapes, dtypes and which
+parameters get gradients can be compared).  Gradients come from ``torch.autograd.grad`` and the
+buffers are copies, so the model's own ``.grad`` and statistics are left alone.  Compared, in the
+order a user would notice them: the outputs, which parameters receive gradients, the gradient
+values, the buffers after the step.
+
+The model's own ``torch.utils.checkpoint`` calls run inline in the reference step: they do not
+change what is computed, except that recomputation updates BatchNorm statistics a second time,
+which remat's modules never do (``runtime.freeze_state``).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ..fake import FakeSession
+from ..step import floating_outputs, loss_of, reparametrized
+from .capture import capturing_checkpoints
+
+__all__ = ["Mismatch", "check_trace", "CHECK_BATCH"]
+
+# The check runs real steps of both modules; two samples keep it cheap at any batch and still
+# exercise batch statistics (BatchNorm needs more than one value per channel).
+CHECK_BATCH = 2
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """The first difference a user would notice between the model and its trace."""
+
+    what: str  # "output 0", "parameter 'frozen.weight'", "buffer 'bn.running_mean'"
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.what}: {self.detail}"
+
+
+@dataclass
+class _Step:
+    outputs: list[torch.Tensor]
+    grads: dict[str, torch.Tensor | None]
+    buffers: dict[str, torch.Tensor]
+
+
+def _batch(args: tuple, kwargs: dict) -> int | None:
+    sizes = [t.shape[0] for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.dim()]
+    return Counter(sizes).most_common(1)[0][0] if sizes else None
+
+
+def _cut(tree: Any, batch: int, keep: int) -> Any:
+    return tree_map(lambda t: t[:keep] if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == batch else t,
+                    tree)
+
+
+def _tolerance(t: torch.Tensor) -> tuple[float, float]:
+    """(rtol, atol) for comparing two runs of the same ops: float32 sums may be reordered."""
+    scale = float(t.detach().abs().max()) if t.numel() else 0.0
+    if t.dtype in (torch.float16, torch.bfloat16):
+        return 2e-2, 2e-2 * max(scale, 1e-3)
+    return 1e-4, 1e-5 * max(scale, 1e-3)
+
+
+def _run(module: torch.nn.Module, args: tuple, kwargs: dict, names: dict[int, str], seed: int,
+         fake: FakeSession | None) -> _Step:
+    """One step of ``module`` on copies of its buffers; parameters and buffers are reported under
+    the model's names (``names``: id of the model's tensor -> its name)."""
+    params = {names.get(id(p), n): p for n, p in module.named_parameters()}
+    buffers = {names.get(id(b), n): b for n, b in module.named_buffers()}
+    by_own_name = {n: names.get(id(t), n) for n, t in [*module.named_parameters(), *module.named_buffers()]}
+    state = {n: b.clone() for n, b in buffers.items()} if fake is None else {}
+    with ExitStack() as stack:
+        if fake is not None:
+            stack.enter_context(fake.mode)
+            state = {n: fake.tensor(t) for n, t in buffers.items()}
+            params = {n: fake.tensor(p) for n, p in params.items()}
+            args, kwargs = fake.tree(args), fake.tree(kwargs)
+        stack.enter_context(torch.random.fork_rng(devices=[]))
+        stack.enter_context(reparametrized(module, {own: {**params, **state}[model_name]
+                                                    for own, model_name in by_own_name.items()}))
+        torch.manual_seed(seed)
+        out = module(*args, **kwargs)
+        loss = loss_of(out)
+        trainable = {n: p for n, p in params.items() if p.requires_grad}
+        grads = dict.fromkeys(params)
+        if loss is not None and trainable:
+            found = torch.autograd.grad(loss, list(trainable.values()), allow_unused=True)
+            grads.update(zip(trainable, found))
+        outputs = [t.detach() for t in floating_outputs(out)]
+    return _Step(outputs, grads, {n: b.detach() for n, b in state.items()})
+
+
+def _compare(a: torch.Tensor, b: torch.Tensor, values: bool) -> str | None:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return f"{tuple(b.shape)} {b.dtype} where the model gives {tuple(a.shape)} {a.dtype}"
+    if not values:
+        return None
+    rtol, atol = _tolerance(a)
+    if not torch.allclose(b.float(), a.float(), rtol=rtol, atol=atol, equal_nan=True):
+        diff = float((b.float() - a.float()).abs().max())
+        return f"differs from the model's by up to {diff:.3g} (largest magnitude {float(a.abs().max()):.3g})"
+    return None
+
+
+def _differences(ref: _Step, got: _Step, values: bool) -> Mismatch | None:
+    if len(ref.outputs) != len(got.outputs):
+        return Mismatch("outputs", f"{len(got.outputs)} floating-point outputs where the model gives {len(ref.outputs)}")
+    for i, (a, b) in enumerate(zip(ref.outputs, got.outputs)):
+        why = _compare(a, b, values)
+        if why:
+            return Mismatch(f"output {i}", why)
+    for name, a in ref.grads.items():
+        b = got.grads.get(name)
+        if (a is None) != (b is None):
+            return Mismatch(f"parameter {name!r}", "gets a gradient where the model gives none" if a is None
+                            else "gets no gradient where the model gives one")
+        why = None if a is None else _compare(a, b, values)
+        if why:
+            return Mismatch(f"parameter {name!r}", "gradient " + why)
+    for name, a in ref.buffers.items():
+        b = got.buffers.get(name)
+        why = "is missing" if b is None else _compare(a, b, values)
+        if why:
+            return Mismatch(f"buffer {name!r}", "after the step " + why)
+    return None
+
+
+def check_trace(model: torch.nn.Module, traced: torch.nn.Module, args: tuple, kwargs: dict) -> Mismatch | None:
+    """The first difference between one step of ``model`` and one of ``traced``, or None."""
+    names = {id(t): n for n, t in [*model.named_parameters(remove_duplicate=False),
+                                   *model.named_buffers(remove_duplicate=False)]}
+    tensors = [t for t in (*model.parameters(), *model.buffers(), *tree_flatten((args, kwargs))[0])
+               if isinstance(t, torch.Tensor)]
+    fake = FakeSession.for_call(model, args, kwargs) if any(t.device.type == "meta" for t in tensors) else None
+    batch = _batch(args, kwargs)
+    tries = [(args, kwargs)]
+    if fake is None and batch is not None and batch > CHECK_BATCH:
+        tries.insert(0, (_cut(args, batch, CHECK_BATCH), _cut(kwargs, batch, CHECK_BATCH)))
+    for i, (a, k) in enumerate(tries):
+        try:
+            with capturing_checkpoints({}):  # the model's own checkpoint calls run inline (see above)
+                ref = _run(model, a, k, names, 0, fake)
+        except Exception:  # noqa: BLE001 - the model itself rejects the smaller batch: use the planned one
+            if i + 1 < len(tries):
+                continue
+            raise
+        try:
+            got = _run(traced, a, k, names, 0, fake)
+        except Exception as e:  # noqa: BLE001
+            return Mismatch("the traced module", f"fails where the model runs: {type(e).__name__}: {e}")
+        return _differences(ref, got, values=fake is None)
+    return None

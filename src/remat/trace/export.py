@@ -1,0 +1,97 @@
+"""The torch.export frontend, for models symbolic_trace cannot follow (data-dependent Python).
+
+``torch.export.export(strict=False)`` runs the model on fake tensors and also keeps the original
+parameter and buffer names.  It records ``no_grad`` and ``autocast`` blocks itself (as
+``wrap_with_set_grad_enabled`` / ``wrap_with_autocast`` calls); ``inference_mode`` blocks are
+traced as ``no_grad`` (the same gradients; inference tensors only add restrictions), and the
+model's own checkpoint calls become recorded regions (``capture.py``).
+
+Every dimension of every tensor input is exported as ``Dim.AUTO``: export keeps a dimension
+dynamic unless the model's code pins it, so the module accepts other batch sizes and sequence
+lengths; ``input_dims`` says which stayed dynamic (the shape contract, ``runtime.check_inputs``).
+"""
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.fx.traceback as fx_traceback
+from torch import fx
+from torch.autograd import grad_mode
+from torch.export import Dim
+from torch.utils._pytree import tree_map
+
+from ..fake import FakeSession
+from .capture import REGION_KEY, UserRegion, capturing_checkpoints
+
+__all__ = ["export"]
+
+
+@contextmanager
+def _inference_mode_as_no_grad() -> Iterator[None]:
+    cls = grad_mode.inference_mode
+    enter, exit_ = cls.__enter__, cls.__exit__
+
+    def __enter__(self):  # noqa: N807
+        self._remat_prev = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(self._remat_prev and not self.mode)
+
+    def __exit__(self, *exc):  # noqa: N807
+        torch._C._set_grad_enabled(self._remat_prev)
+
+    cls.__enter__, cls.__exit__ = __enter__, __exit__
+    try:
+        yield
+    finally:
+        cls.__enter__, cls.__exit__ = enter, exit_
+
+
+def _dynamic_shapes(model: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, Any] | None:
+    """``Dim.AUTO`` for every dimension of every tensor input, by forward parameter name."""
+    try:
+        bound = inspect.signature(model.forward).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return None
+
+    def spec(x: Any) -> Any:
+        return {d: Dim.AUTO for d in range(x.dim())} if isinstance(x, torch.Tensor) and x.dim() else None
+
+    return {name: tree_map(spec, value) for name, value in bound.arguments.items()}
+
+
+def _export(model: torch.nn.Module, args: tuple, kwargs: dict, dynamic: Any) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.export.export(model, args, kwargs, strict=False, dynamic_shapes=dynamic)
+
+
+def export(model: torch.nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
+    """Trace ``model`` with torch.export (see the module docstring)."""
+    session = FakeSession.for_call(model, args, kwargs)
+    meta = any(isinstance(t, torch.Tensor) and t.device.type == "meta"
+               for t in torch.utils._pytree.tree_leaves((args, kwargs)))
+    if meta:  # export needs inputs on the model's device; fake twins carry no data either way
+        args, kwargs = session.tree(args), session.tree(kwargs)
+    regions: dict[int, UserRegion] = {}
+    with fx_traceback.preserve_node_meta(), capturing_checkpoints(regions, annotate=True), \
+            _inference_mode_as_no_grad():
+        dynamic = _dynamic_shapes(model, args, kwargs)
+        try:
+            program = _export(model, args, kwargs, dynamic)
+        except Exception:  # noqa: BLE001 - a model whose shapes export cannot keep dynamic
+            if dynamic is None:
+                raise
+            regions.clear()
+            program = _export(model, args, kwargs, None)
+    gm = program.module()
+    for node in gm.graph.nodes:
+        custom = node.meta.get("custom") or {}
+        if REGION_KEY in custom:
+            node.meta[REGION_KEY] = tuple(custom[REGION_KEY])
+    gm.remat_frontend = "export"
+    gm.remat_user_regions = regions
+    return gm

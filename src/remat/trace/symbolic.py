@@ -1,0 +1,52 @@
+"""The symbolic_trace frontend: readable graphs with the model's own module calls and names.
+
+``symbolic_trace`` keeps ``torch.nn`` modules as ``call_module`` nodes, which gives readable
+generated code and the original parameter names for free.  remat's tracer also records, per node,
+the grad/autocast modes it runs under (``modes.py``) and the model's own checkpoint regions it
+belongs to (``capture.py``); buffers read as ``self.x`` become named ``get_attr`` nodes.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import fx
+
+from .capture import REGION_KEY, UserRegion, capturing_checkpoints, current_regions
+from .modes import MODES_KEY, current_modes, recording_modes
+
+__all__ = ["symbolic"]
+
+
+class _Tracer(fx.Tracer):
+    """symbolic_trace's tracer, plus per-node modes and checkpoint regions.
+
+    Buffers read through ``self.x`` become get_attr nodes with their own names (by default a buffer
+    used as ``self.buf.view(-1)`` is baked in as an anonymous ``_tensor_constantN``, and the traced
+    module's state_dict keys would differ from the model's)."""
+
+    proxy_buffer_attributes = True
+
+    def create_node(self, kind: str, target: Any, args: Any, kwargs: Any, name: str | None = None,
+                    type_expr: Any = None) -> fx.Node:
+        node = super().create_node(kind, target, args, kwargs, name, type_expr)
+        if kind not in ("placeholder", "output", "get_attr"):
+            modes = current_modes()
+            if modes:
+                node.meta[MODES_KEY] = modes
+            regions = current_regions()
+            if regions:
+                node.meta[REGION_KEY] = regions
+        return node
+
+
+def symbolic(model: torch.nn.Module) -> fx.GraphModule:
+    """Trace ``model`` with symbolic_trace (see the module docstring)."""
+    tracer = _Tracer()
+    regions: dict[int, UserRegion] = {}
+    with torch.enable_grad(), recording_modes(), capturing_checkpoints(regions):
+        graph = tracer.trace(model)
+    gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
+    gm.remat_frontend = "symbolic_trace"
+    gm.remat_user_regions = regions
+    return gm
