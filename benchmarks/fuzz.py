@@ -1,6 +1,7 @@
 """Fuzz soak: random DAG networks checkpointed at random budgets, counted.
 
-Each network (tests/fuzz_models.py) is checkpointed with rotor or chen-greedy at a random budget
+Each network (remat.testing.fuzz: convolutions, norms, skips, dropout as a module and in the graph,
+attention with dropout, no_grad and autocast blocks, the network's own checkpoint calls) is checkpointed with rotor or chen-greedy at a random budget
 fraction in [0.3, 1] (where that is infeasible, at the minimum InfeasibleBudget reports, so the
 reported floor is itself tested); one training step is compared with the original (outputs,
 gradients, buffers) and the measured peak with the budget. ``--seed k`` draws seeds k*10^6 + i,
@@ -16,17 +17,13 @@ import sys
 import time
 import traceback
 from collections import Counter
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import remat
+from remat.testing import FuzzNet, assert_same_step, random_spec
 
-import remat  # noqa: E402
-from fuzz_models import FuzzNet, random_spec  # noqa: E402
-from training import assert_same_step  # noqa: E402
-
-from common import write_result  # noqa: E402
+from common import write_result
 
 
 def _checked(model, x, budget, solver) -> tuple[str, str, object]:

@@ -11,7 +11,7 @@ from remat.profiler.model import profile_graph
 from remat.profiler.step import simulate_step
 from remat.zoo import ResidualMLP, build
 
-from training import assert_same_step
+from remat.testing import assert_same_step
 
 torchvision = pytest.importorskip("torchvision")
 GOLDEN = Path(__file__).parent / "golden"

@@ -1,5 +1,6 @@
 """Property: random DAG networks checkpointed at random budgets train exactly like the original and
-stay within the budget (or InfeasibleBudget says nothing fits)."""
+stay within the budget; where the budget is infeasible, planning at the floor InfeasibleBudget
+reports must succeed and stay within that floor.  Every case ends in the gradient and peak checks."""
 import random
 
 import pytest
@@ -8,9 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import remat
-
-from fuzz_models import FuzzNet, random_spec
-from training import assert_same_step
+from remat.testing import FuzzNet, assert_same_step, random_spec
 
 
 def check(seed: int, n: int, fraction: float, solver: str) -> str:
@@ -19,13 +18,17 @@ def check(seed: int, n: int, fraction: float, solver: str) -> str:
     x = torch.randn(8, 8, 32, 32)
     try:
         gm = assert_same_step(model, lambda m: remat.checkpoint(m, (x,), budget=fraction, solver=solver), (x,))
-    except remat.InfeasibleBudget:
-        return "infeasible"
+        outcome = "fits"
+    except remat.InfeasibleBudget as e:
+        assert e.min_bytes is not None and e.min_bytes > 0
+        gm = assert_same_step(model, lambda m: remat.checkpoint(m, (x,), budget=e.min_bytes, solver=solver), (x,))
+        assert gm.remat_plan.budget_bytes == e.min_bytes
+        outcome = "fits at the floor"
     assert remat.measure_peak(gm, (x,)) <= gm.remat_plan.budget_bytes
-    return "fits"
+    return outcome
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(seed=st.integers(0, 10**6), n=st.integers(3, 14), fraction=st.floats(0.2, 1.0),
        solver=st.sampled_from(["rotor", "chen-greedy"]))
 def test_random_networks_train_exactly_within_budget(seed, n, fraction, solver):
@@ -34,7 +37,7 @@ def test_random_networks_train_exactly_within_budget(seed, n, fraction, solver):
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_fixed_random_networks(seed):
-    assert check(seed, 12, 0.4, "rotor") in ("fits", "infeasible")
+    check(seed, 12, 0.4, "rotor")
 
 
 @pytest.mark.parametrize("seed, solver", [(0, "chen-greedy"), (3, "rotor"), (14, "rotor")])

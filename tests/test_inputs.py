@@ -8,7 +8,7 @@ from torch import nn
 import remat
 
 from models import DictOutput, MultiOutput, SharedParams, ViewsAndInplace
-from training import assert_same_step
+from remat.testing import assert_same_step
 
 
 def make(model, inputs, kwargs=None, solver="every-stage"):

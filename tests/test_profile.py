@@ -128,7 +128,7 @@ def test_tiny_nets_never_predict_below_the_measured_peak(op):
     """On a ~1 MB net the kernels' own scratch (oneDNN reorders and per-thread partials, norm
     reductions, wrapped scalars) is a large share of the peak: the prediction must cover it, and
     overshoot by no more than one activation plus the per-thread scratch it assumes."""
-    from fuzz_models import FuzzNet, Spec
+    from remat.testing import FuzzNet, Spec
 
     for depth in (1, 3):
         model = FuzzNet(Spec(tuple((op, i, 0) for i in range(depth)), (depth,), 8, 1)).train()

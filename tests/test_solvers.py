@@ -13,7 +13,7 @@ from remat.solvers.model import ChainModel, evaluate
 from remat.solvers.rotor import rotor_regions, solve_rotor, solve_table
 from remat.zoo import ResidualMLP, build
 
-from training import assert_same_step
+from remat.testing import assert_same_step
 
 
 def random_model(n: int, rng: random.Random) -> ChainModel:

@@ -1,6 +1,6 @@
 """remat: automatic activation checkpointing for PyTorch."""
 from .api import apply_plan, checkpoint, profile
-from .errors import InfeasibleBudget, InternalError, RematError, RematWarning, TraceError, public
+from .errors import InfeasibleBudget, InternalError, RematError, RematWarning, ShapeError, TraceError, public
 from .measure import measure_peak as _measure_peak
 from .profiler import FlopCount
 from .profiler import count_flops as _count_flops
@@ -12,7 +12,7 @@ from .trace import trace as _trace
 
 __all__ = [
     "FlopCount", "InfeasibleBudget", "InternalError", "ModelProfile", "NodeProfile", "Plan", "Region",
-    "RematError", "RematWarning", "TraceError",
+    "RematError", "RematWarning", "ShapeError", "TraceError",
     "apply_plan", "checkpoint", "count_flops", "fully_shard", "load_plan", "measure_peak", "profile", "trace",
 ]
 __version__ = "0.1.0"

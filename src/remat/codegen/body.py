@@ -172,8 +172,8 @@ class Nester:
             out.append(f"{inner}{self.stmt[g]}\n")
         self._emit(self._items(r.first, r.last, r.children), out, inner, keep=set(outputs))
         ret = outputs[0] if len(outputs) == 1 else f"({', '.join(outputs)})"
-        out.append(f"{inner}return {ret}\n")
-        lhs = outputs[0] if len(outputs) == 1 else ", ".join(outputs)
+        out.append(f"{inner}return {ret if outputs else 'None'}\n")
+        lhs = (outputs[0] if len(outputs) == 1 else ", ".join(outputs)) + " = " if outputs else ""  # (dead code)
         call_args = ", ".join([r.name, *inputs])
-        out.append(f"{indent}{lhs} = torch.utils.checkpoint.checkpoint({call_args}, use_reentrant=False"
+        out.append(f"{indent}{lhs}torch.utils.checkpoint.checkpoint({call_args}, use_reentrant=False"
                    f"{r.options or ''}){suffix}\n")

@@ -5,7 +5,7 @@ import copy
 
 import torch
 
-from remat.step import floating_outputs, loss_of
+from ..step import floating_outputs, loss_of
 
 
 def train_step(module: torch.nn.Module, inputs: tuple, seed: int = 0, kwargs: dict | None = None):

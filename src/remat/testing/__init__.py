@@ -1,0 +1,7 @@
+"""Helpers the tests and benchmarks share: one training step compared with the original model's,
+and random DAG networks for fuzzing.  Public so that users can check their own models the same way:
+``remat.testing.assert_same_step(model, lambda m: remat.checkpoint(m, inputs), inputs)``."""
+from .fuzz import OPS, FuzzNet, Spec, random_spec
+from .step import assert_same_step, train_step
+
+__all__ = ["OPS", "FuzzNet", "Spec", "assert_same_step", "random_spec", "train_step"]
