@@ -1,4 +1,6 @@
 """remat.profile: per-node statistics and the predicted peak, checked against real runs."""
+import os
+
 import pytest
 import torch
 
@@ -137,3 +139,49 @@ def test_tiny_nets_never_predict_below_the_measured_peak(op):
         measured = remat.measure_peak(remat.checkpoint(model, x, solver="none"), x)
         slack = x.numel() * x.element_size() + 2 * 65536 * torch.get_num_threads()
         assert measured <= predicted <= measured + slack, (op, depth, predicted, measured)
+
+
+def test_a_plan_made_at_one_thread_holds_at_two():
+    """Kernels keep per-thread scratch: the plan assumes the threads torch would use by default on
+    this machine (at least the cores this process may use), not the one set while planning."""
+    # wide convolutions on small maps: oneDNN's weight gradient keeps a weight-sized (2.4 MB)
+    # partial per extra thread, the largest per-thread term there is
+    model = torch.nn.Sequential(*[m for _ in range(4) for m in (torch.nn.Conv2d(256, 256, 3, padding=1), torch.nn.ReLU())])
+    x = torch.randn(2, 256, 8, 8)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        gm = remat.checkpoint(model, (x,), budget=1.0)
+    finally:
+        torch.set_num_threads(before)
+    torch.set_num_threads(2)
+    try:
+        assert gm.remat_plan.info["threads"] >= 2 or (os.cpu_count() or 1) < 2
+        assert remat.measure_peak(gm, (x,)) <= gm.remat_plan.budget_bytes
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_running_with_more_threads_than_planned_warns():
+    from remat.zoo import ResidualMLP
+
+    model, x = ResidualMLP(width=32, depth=2), torch.randn(4, 8, 32)
+    gm = remat.checkpoint(model, (x,), budget=1.0)
+    threads = gm.remat_plan.info["threads"]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        with pytest.warns(remat.RematWarning, match="CPU threads"):
+            gm(x)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_describe_says_where_kernel_scratch_came_from():
+    from remat.zoo import ResidualMLP
+
+    model = ResidualMLP(width=32, depth=2)
+    measured = remat.checkpoint(model, (torch.randn(4, 8, 32),), budget=1.0, calibrate=True).remat_plan
+    assert "measured on this machine" in measured.describe()
+    ruled = remat.checkpoint(model, (torch.randn(4, 8, 32),), budget=1.0, calibrate=False).remat_plan
+    assert "bounded by remat's rules" in ruled.describe()

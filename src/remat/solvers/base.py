@@ -77,6 +77,13 @@ class Plan:
                      + (f"   ({'fits' if self.predicted_peak_bytes <= self.budget_bytes else 'OVER'})"
                         if self.budget_bytes is not None else ""))
         lines.append(f"recompute       {self.recompute_ratio:>12.1%} of the step's FLOPs")
+        scratch = self.info.get("scratch")
+        if scratch == "measured":
+            lines.append(f"kernel scratch  measured on this machine ({self.info.get('threads')} threads; "
+                         f"{self.info.get('measured_signatures', 0)} new op signatures measured, the rest cached)")
+        elif scratch == "rules":
+            lines.append("kernel scratch  bounded by remat's rules (the ops could not run here: inputs on meta, "
+                         "another device, or calibrate=False)")
         users = self.info.get("user_checkpoints")
         if users:
             verdict = ("kept: the step fits the budget as the model checkpoints it" if self.info.get("user_checkpoints_kept")
