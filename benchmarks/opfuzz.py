@@ -211,6 +211,33 @@ def family_table(recs: list[dict]) -> str:
                      "worst over %", "median abs error"], rows)
 
 
+def op_of(rec: dict) -> str:
+    """The op (or block kind) a description starts with, for the breakdown table."""
+    desc = rec["desc"]
+    if desc.startswith("F.interpolate"):
+        return "interpolate " + desc.split("mode=")[1].split(",")[0]
+    if rec["family"] in ("block", "pointwise"):
+        return rec["family"] if desc.startswith("pre=") else desc.split(":")[0]
+    return desc.split("(")[0]
+
+
+def op_table(recs: list[dict]) -> str:
+    """Error by op and dtype: where the under-predictions concentrate."""
+    by: dict[tuple, list[dict]] = defaultdict(list)
+    for r in recs:
+        if r["status"] == "ok":
+            by[(FAMILIES.index(r["family"]), op_of(r), "bf16" if "bfloat16" in r["desc"] else "fp32")].append(r)
+    rows = []
+    for (fam, op, dt), rs in sorted(by.items()):
+        errs = [r["error_pct"] for r in rs]
+        worst = min(rs, key=lambda r: r["error_pct"])
+        rows.append([FAMILIES[fam], op, dt, len(rs), sum(e < 0 for e in errs), sum(e < -10 for e in errs),
+                     f"{statistics.median(errs):+.2f}%", f"{worst['error_pct']:+.2f}% (seed {worst['seed']})",
+                     fmt_b(min(r["abs_error"] for r in rs))])
+    return md_table(["family", "op", "dtype", "ok", "under", "under > 10%", "median error", "worst error",
+                     "min(predicted - measured)"], rows)
+
+
 def margins(recs: list[dict]) -> str:
     """Overall worst and 99th-percentile under-prediction, relative and absolute (0 where over)."""
     ok = [r for r in recs if r["status"] == "ok"]
@@ -248,10 +275,13 @@ def report(recs: list[dict], args: argparse.Namespace, seconds: float) -> list[s
     first = args.seed * 1_000_000
     sections = [
         f"{len(recs)} random configurations (seeds from {first}, families {args.families}) in {seconds:.0f} s, "
-        f"{torch.get_num_threads()} torch thread(s). Error = (predicted - measured) / measured; under-prediction "
+        f"{torch.get_num_threads()} torch thread(s). Per configuration: one real step (a skip if torch raises or "
+        "crashes), then `remat.profile(model, inputs).peak_bytes` with no `.grad` on inputs or parameters, then "
+        "`remat.measure_peak(model, inputs)`. Error = (predicted - measured) / measured; under-prediction "
         "(predicted < measured) is the dangerous direction. `python benchmarks/opfuzz.py --only-seed S` reruns one.",
         "## By family\n\n" + family_table(recs),
         "## Margins\n\n" + margins(recs),
+        "## By op and dtype\n\n" + op_table(recs),
         "## 20 worst under-predictions\n\n" + (md_table(
             ["seed", "family", "error", "bytes", "predicted", "measured", "configuration"],
             [[r["seed"], r["family"], f"{r['error_pct']:+.2f}%", fmt_b(r["abs_error"]), r["predicted"], r["measured"],
@@ -262,7 +292,8 @@ def report(recs: list[dict], args: argparse.Namespace, seconds: float) -> list[s
             skips.items(), key=lambda kv: -kv[1])) if skips else "None."),
     ]
     if warned:
-        sections.append("## remat warnings\n\n" + "\n".join(f"- {n} x {w}" for w, n in sorted(warned.items(), key=lambda kv: -kv[1])))
+        sections.append("## remat warnings\n\nConfigurations whose profile warned (remat warns once per op per process, "
+                        "so these count first sightings per worker process):\n\n" + "\n".join(f"- {n} x {w}" for w, n in sorted(warned.items(), key=lambda kv: -kv[1])))
     return sections
 
 

@@ -1,9 +1,6 @@
-"""Random single-op and small-block configurations for benchmarks/opfuzz.py.
-
-One builder per family, ``build(rng) -> Case``; everything (shapes, parameters, layout, dtype,
-requires_grad, frozen parameters) is drawn from ``rng``; tensor values from torch's global
-generator, which the caller seeds.  ``desc`` is one line that says what the model and inputs are.
-"""
+"""Random single-op and small-block configurations for benchmarks/opfuzz.py: one builder per family,
+``build(rng) -> Case``. Shapes, parameters, layout, dtype, requires_grad and frozen parameters come from
+``rng``, tensor values from torch's global generator (the caller seeds both); ``desc`` says what it is."""
 from __future__ import annotations
 
 import math
@@ -48,8 +45,7 @@ def tensor(rng: random.Random, shape: list[int], dtype: torch.dtype, rg: bool,
     other element of the last dim); returns it and a short description."""
     layout = rng.choice([lay for lay in layouts if lay != "cl" or len(shape) in (4, 5)])
     if layout == "cl":
-        fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
-        x = torch.randn(shape, dtype=dtype).contiguous(memory_format=fmt)
+        x = torch.randn(shape, dtype=dtype).contiguous(memory_format=[torch.channels_last, torch.channels_last_3d][len(shape) - 4])
     elif layout == "perm" and len(shape) > 1:
         order = list(range(len(shape)))
         while order == sorted(order):
@@ -82,11 +78,10 @@ def fit(shape: list[int], cap: int = CAP, keep: int = 2) -> list[int]:
     """Halve the largest of the dims after the first ``keep`` (then the batch) until it fits."""
     shape = list(shape)
     while math.prod(shape) > cap:
-        spatial = list(range(keep, len(shape))) or [0]
-        i = max(spatial, key=lambda j: shape[j])
+        i = max(list(range(keep, len(shape))) or [0], key=lambda j: shape[j])
         i = i if shape[i] > 1 else 0
         if shape[i] == 1:
-            break
+            return shape
         shape[i] //= 2
     return shape
 
@@ -99,10 +94,10 @@ def conv(rng: random.Random) -> Case:
     d, transposed = rng.choice([1, 2, 2, 2, 3]), rng.random() < 0.25
     cin = channels(rng)
     kind = rng.choice(["1", "dw", "mid"])
+    divisors = [g for g in range(2, cin) if cin % g == 0]
     if kind == "dw":
         groups, cout = cin, cin * rng.choice([1, 1, 2, 3])
     elif kind == "mid":
-        divisors = [g for g in range(2, cin) if cin % g == 0]
         groups = rng.choice(divisors) if divisors else 1
         cout = groups * rng.randint(1, max(1, 256 // groups))
     else:
@@ -133,21 +128,17 @@ def conv(rng: random.Random) -> Case:
         return pad, out, max(batch * cin * math.prod(size), batch * cout * math.prod(out), macs // 20)
 
     pad, out, cost = geometry()
-    while cost > CAP:
+    while cost > CAP and max(size + [batch] + k) > 1:  # halve the largest spatial size, then the batch, then the kernel
         if max(size) > 1:
             size[size.index(max(size))] //= 2
-        elif batch > 1:
-            batch //= 2
-        elif max(k) > 1:
-            k = [max(1, x - 1) for x in k]
         else:
-            break
+            batch, k = (batch // 2, k) if batch > 1 else (batch, [max(1, x - 1) for x in k])
         pad, out, cost = geometry()
     bias, dtype = rng.random() < 0.6, dtype_of(rng)
-    cls = [[nn.Conv1d, nn.Conv2d, nn.Conv3d], [nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d]][transposed][d - 1]
-    extra = {"output_padding": outpad} if transposed else {}
+    cls = getattr(nn, f"Conv{'Transpose' if transposed else ''}{d}d")
     padding: str | tuple = "same" if padmode == "same" else tuple(pad)
-    model = cls(cin, cout, tuple(k), stride=stride, padding=padding, dilation=dil, groups=groups, bias=bias, **extra)
+    model = cls(cin, cout, tuple(k), stride=stride, padding=padding, dilation=dil, groups=groups, bias=bias,
+                **({"output_padding": outpad} if transposed else {}))
     x, xd = tensor(rng, [batch, cin] + size, dtype, rng.random() < 0.5, ("contig", "contig", "cl", "slice"))
     desc = (f"{cls.__name__}(in={cin}, out={cout}, k={tuple(k)}, s={stride}, p={padding!r}, d={dil}, g={groups}, "
             f"bias={bias}{f', outpad={outpad}' if transposed else ''}) {xd} -> out{tuple(out)}")
@@ -164,8 +155,7 @@ def pool(rng: random.Random) -> Case:
     spatial = shape[2:]
     if kind in ("amax", "aavg"):
         out = [rng.choice([1, 2, 3, 5, 7, max(1, s // 2), s + rng.randint(0, 3)]) for s in spatial]
-        idx = kind == "amax" and rng.random() < 0.5
-        cls = getattr(nn, f"Adaptive{'Max' if kind == 'amax' else 'Avg'}Pool{d}d")
+        idx, cls = kind == "amax" and rng.random() < 0.5, getattr(nn, f"Adaptive{'Max' if kind == 'amax' else 'Avg'}Pool{d}d")
         model = cls(out, return_indices=True) if idx else cls(out)
         desc = f"{cls.__name__}(out={tuple(out)}{', return_indices' if idx else ''})"
     else:
@@ -179,8 +169,7 @@ def pool(rng: random.Random) -> Case:
             cip = rng.random() < 0.5
             model = getattr(nn, f"AvgPool{d}d")(k, s, p, ceil_mode=ceil, count_include_pad=cip)
             desc = f"AvgPool{d}d(k={k}, s={s}, p={p}, ceil={ceil}, count_include_pad={cip})"
-    dtype = dtype_of(rng)
-    x, xd = tensor(rng, shape, dtype, rng.random() < 0.85, ("contig", "contig", "cl", "slice", "perm"))
+    x, xd = tensor(rng, shape, dtype := dtype_of(rng), rng.random() < 0.85, ("contig", "contig", "cl", "slice", "perm"))
     return finish(rng, "pool", f"{desc} {xd}", model, (x,), dtype)
 
 
@@ -203,8 +192,7 @@ def interp(rng: random.Random) -> Case:
     if mode in ("bilinear", "bicubic") and rng.random() < 0.2:
         kw["antialias"] = True
     shape = fit(shape, int(CAP / max(1.0, math.prod(max(1, o) for o in out) / math.prod(shape[2:]))))
-    dtype = dtype_of(rng)
-    x, xd = tensor(rng, shape, dtype, rng.random() < 0.85, ("contig", "contig", "cl", "slice"))
+    x, xd = tensor(rng, shape, dtype := dtype_of(rng), rng.random() < 0.85, ("contig", "contig", "cl", "slice"))
     return finish(rng, "interp", f"F.interpolate(mode={mode}, {kw}) {xd}", Fn(lambda m, x: F.interpolate(x, mode=mode, **kw)),
                   (x,), dtype)
 
@@ -233,8 +221,7 @@ def norm(rng: random.Random) -> Case:
         track = rng.random() < 0.3
         model = getattr(nn, f"InstanceNorm{d}d")(c, affine=affine, track_running_stats=track)
         desc = f"InstanceNorm{d}d({c}, affine={affine}, track={track})"
-    dtype = dtype_of(rng)
-    x, xd = tensor(rng, shape, dtype, rng.random() < 0.6, ("contig", "contig", "cl", "perm", "slice"))
+    x, xd = tensor(rng, shape, dtype := dtype_of(rng), rng.random() < 0.6, ("contig", "contig", "cl", "perm", "slice"))
     return finish(rng, "norm", f"{desc} {xd}", model, (x,), dtype)
 
 
@@ -243,8 +230,7 @@ def embedding(rng: random.Random) -> Case:
     while num * dim > (1 << 22):
         dim = max(1, dim // 2)
     idx_shape = fit([rng.randint(1, 16), rng.randint(1, 512)], CAP // dim, keep=1)
-    idt = rng.choice([torch.int64, torch.int32])
-    idx = torch.randint(0, num, idx_shape, dtype=idt)
+    idx = torch.randint(0, num, idx_shape, dtype=(idt := rng.choice([torch.int64, torch.int32])))
     dtype = dtype_of(rng)
     if rng.random() < 0.6:
         pad, sgf = rng.choice([None, None, 0, num - 1]), rng.random() < 0.2
@@ -274,8 +260,7 @@ def rnn(rng: random.Random) -> Case:
     if cls is nn.LSTM and rng.random() < 0.2 and hid > 1:
         kw["proj_size"] = rng.randint(1, hid - 1)
     model = cls(inp, hid, layers, bias=rng.random() < 0.8, batch_first=bf, dropout=drop, bidirectional=bi, **kw)
-    batch, seq = rng.randint(1, 8), rng.randint(1, 64)
-    dtype = dtype_of(rng)
+    batch, seq, dtype = rng.randint(1, 8), rng.randint(1, 64), dtype_of(rng)
     x, xd = tensor(rng, [batch, seq, inp] if bf else [seq, batch, inp], dtype, rng.random() < 0.5, ("contig", "perm"))
     desc = f"{cls.__name__}({inp}, {hid}, layers={layers}, bidir={bi}, batch_first={bf}, dropout={drop}, {kw}) {xd}"
     return finish(rng, "rnn", desc, model, (x,), dtype)
@@ -348,8 +333,7 @@ def reduction(rng: random.Random) -> Case:
 
     keepd = "" if op in ("softmax", "log_softmax", "cumsum") else f", keepdim={keep}"
     desc = f"torch.{op}() full" if full else f"torch.{op}(dim={dims}{keepd}{f', p={p}' if op == 'norm' else ''})"
-    dtype = dtype_of(rng)
-    x, xd = tensor(rng, shape, dtype, rng.random() < 0.85, ("contig", "contig", "perm", "slice", "cl"))
+    x, xd = tensor(rng, shape, dtype := dtype_of(rng), rng.random() < 0.85, ("contig", "contig", "perm", "slice", "cl"))
     return finish(rng, "reduction", f"{desc} {xd}", Fn(fn), (x,), dtype)
 
 
@@ -396,8 +380,7 @@ SAVES_OUT = {"relu", "sigmoid", "tanh", "leaky_relu"}  # backward uses the outpu
 def pointwise(rng: random.Random) -> Case:
     nd = rng.randint(1, 4)
     shape = fit([rng.randint(1, {1: 200000, 2: 2048, 3: 256, 4: 64}[nd]) for _ in range(nd)], keep=0)
-    dtype = dtype_of(rng)
-    x, xd = tensor(rng, shape, dtype, rng.random() < 0.7, ("contig", "contig", "perm", "slice", "cl"))
+    x, xd = tensor(rng, shape, dtype := dtype_of(rng), rng.random() < 0.7, ("contig", "contig", "perm", "slice", "cl"))
     ops = [rng.choice(list(ACTS)) for _ in range(rng.randint(1, 3))]
     other = [rng.choice([1, s]) for s in shape][rng.randint(0, nd - 1):]
     pre = rng.choice(["none", "scale", "add1"])
@@ -435,10 +418,9 @@ def block(rng: random.Random) -> Case:
         shape = fit([b, c, rng.randint(4, 64), rng.randint(4, 64)], CAP // 2)
         if kind == "convbn":
             k = rng.choice([1, 3, 5])
-            layers = [nn.Conv2d(c, c2, k, stride=rng.choice([1, 2]), padding=k // 2, bias=False), nn.BatchNorm2d(c2),
-                      nn.ReLU(inplace=rng.random() < 0.7)]
-            desc = f"Conv2d({c},{c2},k={k},s={layers[0].stride[0]})-BN-ReLU(inplace={layers[2].inplace})"
-            model: nn.Module = nn.Sequential(*layers)
+            model: nn.Module = nn.Sequential(nn.Conv2d(c, c2, k, stride=rng.choice([1, 2]), padding=k // 2, bias=False),
+                                             nn.BatchNorm2d(c2), nn.ReLU(inplace=rng.random() < 0.7))
+            desc = f"Conv2d({c},{c2},k={k},s={model[0].stride[0]})-BN-ReLU(inplace={model[2].inplace})"
         else:
             mult, skip = rng.choice([1, 2, 4]), rng.random() < 0.5
             model = residual(nn.Conv2d(c, c * mult, 3, padding=1, groups=c, bias=False), nn.BatchNorm2d(c * mult),
