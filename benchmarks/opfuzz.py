@@ -37,6 +37,7 @@ from common import md_table, write_result
 from opfuzz_cases import BUILDERS, WEIGHTS, Case
 
 FAMILIES = list(BUILDERS)
+SCRATCH = "measured"  # --scratch: kernel scratch measured on this machine (the default), or the rules only
 
 
 def family_of(seed: int) -> str:
@@ -100,7 +101,7 @@ def run_one(seed: int, stage: Callable[[str, dict], None] = lambda s, r: None) -
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 stage("profile", rec)
-                rec["predicted"] = int(remat.profile(case.model, case.inputs).peak_bytes)
+                rec["predicted"] = int(remat.profile(case.model, case.inputs, calibrate=SCRATCH == "measured").peak_bytes)
             rec["warnings"] = sorted({f"{w.category.__name__}: {str(w.message)[:200]}" for w in caught
                                       if issubclass(w.category, remat.RematWarning)})
             stage("measure_peak", rec)
@@ -136,7 +137,7 @@ def run_isolated(seeds: Iterator[int], threads: int, timeout: float = 600.0) -> 
     """run_one for each seed in a worker process, restarted when torch crashes it (a segfault in a
     kernel) or a configuration hangs: such a configuration becomes a skip (crash in the real step)
     or an error (crash inside remat.profile), with the signal."""
-    cmd = [sys.executable, __file__, "--worker", "--threads", str(threads)]
+    cmd = [sys.executable, __file__, "--worker", "--threads", str(threads), "--scratch", SCRATCH]
     proc, lines = None, queue.Queue()
     for seed in seeds:
         if proc is None:
@@ -275,7 +276,8 @@ def report(recs: list[dict], args: argparse.Namespace, seconds: float) -> list[s
     first = args.seed * 1_000_000
     sections = [
         f"{len(recs)} random configurations (seeds from {first}, families {args.families}) in {seconds:.0f} s, "
-        f"{torch.get_num_threads()} torch thread(s). Per configuration: one real step (a skip if torch raises or "
+        f"{torch.get_num_threads()} torch thread(s), kernel scratch {'measured on this machine' if SCRATCH == 'measured' else 'from the rules only (calibrate=False)'}. "
+        "Per configuration: one real step (a skip if torch raises or "
         "crashes), then `remat.profile(model, inputs).peak_bytes` with no `.grad` on inputs or parameters, then "
         "`remat.measure_peak(model, inputs)`. Error = (predicted - measured) / measured; under-prediction "
         "(predicted < measured) is the dangerous direction. `python benchmarks/opfuzz.py --only-seed S` reruns one.",
@@ -303,10 +305,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--families", default="all", help=f"comma-separated subset of {','.join(FAMILIES)}")
     ap.add_argument("--only-seed", type=int, default=None, help="rerun one configuration and print its details")
-    ap.add_argument("--out", default="benchmarks/results/opfuzz", help="path stem of the .jsonl and .md results")
+    ap.add_argument("--out", default=None, help="path stem of the .jsonl and .md results "
+                    "(default benchmarks/results/opfuzz, or opfuzz_rules with --scratch rules)")
+    ap.add_argument("--scratch", choices=["measured", "rules"], default="measured",
+                    help="kernel scratch measured on this machine (remat's default for real CPU inputs) or bounded "
+                         "by the rules alone (what inputs on meta or another device get)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steady on a shared machine)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    global SCRATCH
+    SCRATCH = args.scratch
+    args.out = args.out or ("benchmarks/results/opfuzz" + ("_rules" if args.scratch == "rules" else ""))
     torch.set_num_threads(args.threads)
     if args.worker:
         worker()

@@ -6,6 +6,7 @@ import pytest
 from remat.cli import main
 
 
+@pytest.mark.slow
 def test_plan_on_the_default_model(capsys, tmp_path):
     code, plan = tmp_path / "forward.py", tmp_path / "plan.json"
     assert main(["plan", "--budget", "40%", "--measure", "--code", str(code), "--save", str(plan)]) == 0
@@ -15,6 +16,7 @@ def test_plan_on_the_default_model(capsys, tmp_path):
     assert json.loads(plan.read_text())["solver"] == "rotor"
 
 
+@pytest.mark.slow
 def test_flops_and_profile(capsys):
     assert main(["flops", "mlp", "--batch", "2"]) == 0
     assert "aten.addmm" in capsys.readouterr().out
@@ -23,6 +25,7 @@ def test_flops_and_profile(capsys):
     assert "predicted peak" in out and "measured peak" in out
 
 
+@pytest.mark.slow
 def test_sweep_draws_a_plot(capsys, tmp_path):
     pytest.importorskip("matplotlib")
     png = tmp_path / "pareto.png"
@@ -31,6 +34,7 @@ def test_sweep_draws_a_plot(capsys, tmp_path):
     assert "rotor" in out and "chen-greedy" in out and png.stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_errors_are_messages_not_tracebacks(capsys):
     assert main(["plan", "--budget", "1e-9"]) == 1
     assert "InfeasibleBudget" in capsys.readouterr().err
@@ -39,6 +43,7 @@ def test_errors_are_messages_not_tracebacks(capsys):
     assert main(["flops", "nope"]) == 2
 
 
+@pytest.mark.slow
 def test_plan_for_fsdp_shows_the_per_process_plan(capsys):
     assert main(["plan", "mlp", "--batch", "2", "--budget", "50%", "--world-size", "4", "--sharding", "fsdp"]) == 0
     out = capsys.readouterr().out

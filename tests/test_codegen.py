@@ -27,9 +27,14 @@ MODELS = {
 }
 
 
+FAST = {("mlp_dropout", "chen-sqrtn"), ("mlp_dropout", "every-stage"), ("resnet18", "every-stage")}
+
+
 @pytest.mark.parametrize("solver", ["chen-sqrtn", "every-stage"])
 @pytest.mark.parametrize("name", list(MODELS))
-def test_checkpointed_module_trains_exactly_like_the_original(name, solver):
+def test_checkpointed_module_trains_exactly_like_the_original(name, solver, request):
+    if (name, solver) not in FAST:
+        request.applymarker(pytest.mark.slow)
     model, inputs = MODELS[name]()
     model.train()
     gm = assert_same_step(model, lambda m: remat.checkpoint(m, inputs, solver=solver), inputs)
@@ -71,6 +76,7 @@ def _assert_no_skip_crosses(gm, chain):
                 assert inp in outputs and stage_of[inp] == s - 1, f"{inp.name} crosses into stage {s}"
 
 
+@pytest.mark.slow
 def test_resnet50_stages_never_split_a_residual_block():
     model = torchvision.models.resnet50()
     gm, chain = _chain(model, (torch.randn(1, 3, 64, 64),))
@@ -83,6 +89,7 @@ def test_resnet50_stages_never_split_a_residual_block():
             assert len(stages) == 1, f"block {prefix} split over stages {stages}"
 
 
+@pytest.mark.slow
 def test_vit_b_16_linearizes_into_many_stages():
     gm, chain = _chain(torchvision.models.vit_b_16(), (torch.randn(1, 3, 224, 224),))
     assert len(chain) >= 10
@@ -121,7 +128,7 @@ def test_nested_regions_generate_nested_functions():
     assert "def ckpt_0_1_0(" in new.code and new.code.count("torch.utils.checkpoint.checkpoint(") == 5
 
 
-@pytest.mark.parametrize("name", ["resnet18", "gpt2"])
+@pytest.mark.parametrize("name", ["resnet18", pytest.param("gpt2", marks=pytest.mark.slow)])
 def test_profile_of_generated_module_predicts_its_measured_peak(name):
     model, inputs = MODELS[name]()
     for solver in ("chen-sqrtn", "every-stage"):

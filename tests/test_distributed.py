@@ -62,6 +62,7 @@ def _worker(rank: int, world: int, port: int, mode: str, queue) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
 def test_gradients_equal_the_uncheckpointed_model_under_the_same_wrapper(mode):
     results = _run_on_two_processes(_worker, mode)
@@ -97,6 +98,7 @@ def _sharded_worker(rank: int, world: int, port: int, queue) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_fsdp2_plan_keeps_each_process_within_its_budget():
     results = _run_on_two_processes(_sharded_worker)
     # what one unsharded process would need without checkpointing
@@ -119,6 +121,7 @@ def _conv_bn_net() -> torch.nn.Module:
     return torch.nn.Sequential(*layers, torch.nn.Flatten(), torch.nn.Linear(8 * 16 * 16, 10))
 
 
+@pytest.mark.slow
 def test_torch_compile_gives_the_same_loss_gradients_and_buffers():
     """Regions that freeze BatchNorm during recomputation compile too (dynamo takes no custom
     context_fn; under compile the buffer updates are applied once by AOTAutograd)."""

@@ -31,15 +31,17 @@ def check(seed: int, n: int, fraction: float, solver: str) -> str:
 @settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(seed=st.integers(0, 10**6), n=st.integers(3, 14), fraction=st.floats(0.2, 1.0),
        solver=st.sampled_from(["rotor", "chen-greedy"]))
+@pytest.mark.slow
 def test_random_networks_train_exactly_within_budget(seed, n, fraction, solver):
     check(seed, n, fraction, solver)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow)])
 def test_fixed_random_networks(seed):
     check(seed, 12, 0.4, "rotor")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed, solver", [(0, "chen-greedy"), (3, "rotor"), (14, "rotor")])
 def test_the_reported_floor_is_a_budget_that_fits(seed, solver):
     """InfeasibleBudget's minimum is verified, not a stage-model estimate: planning at exactly

@@ -61,7 +61,7 @@ def exact_search(model: ChainModel, limit: int):
     return best
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", [*range(8), *(pytest.param(s, marks=pytest.mark.slow) for s in range(8, 40))])
 def test_rotor_is_optimal_against_exhaustive_search(seed):
     rng = random.Random(seed)
     model = random_model(rng.randint(1, 6), rng)
@@ -207,6 +207,7 @@ def test_plan_round_trips_through_json_and_reapplies(tmp_path):
         remat.apply_plan(ResidualMLP(depth=3), work.inputs, plan)
 
 
+@pytest.mark.slow
 def test_resnet50_rotor_fits_at_budget_0_3_and_trains_exactly():
     torchvision = pytest.importorskip("torchvision")
     model = torchvision.models.resnet50()

@@ -212,7 +212,7 @@ def _hf(name):
     return transformers.LlamaForCausalLM(config)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.mark.parametrize("name", ["gpt2", pytest.param("llama", marks=pytest.mark.slow)])
 def test_a_plan_for_4x128_runs_smaller_batches_and_sequences_exactly(name):
     model = _hf(name).train()
     vocab = model.config.vocab_size

@@ -15,7 +15,7 @@ Each ``Stage`` carries the rotor cost model, taken from the node profiles (bytes
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from torch import fx
 
@@ -23,8 +23,8 @@ from .profiler.node import META_KEY, NodeProfile
 
 __all__ = ["Stage", "Chain", "linearize", "MIN_STAGE_FLOPS"]
 
-# A stage with no arithmetic (a view, a flatten) still costs time to run; the solvers must not
-# see recomputing it as free.
+# A stage with no arithmetic (a view, a flatten) still costs time to run: counted as 1 FLOP, so
+# the solvers never see recomputing it as free (a free stage would be recomputed for any saving).
 MIN_STAGE_FLOPS = 1
 
 
@@ -56,7 +56,6 @@ class Chain:
     stages: list[Stage]
     node_names: list[str]  # every graph node, in order
     shared_inputs: tuple[str, ...] = ()
-    cut_after: list[int] = field(default_factory=list)  # node indices after which a cut is allowed
 
     def __len__(self) -> int:
         return len(self.stages)
@@ -193,18 +192,16 @@ def _stage(nodes: list[fx.Node], index: int, first: int, last: int, entry: froze
                  y, g, fdis, skip, skip_from)
 
 
-def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, min_stage_flops: int = 0,
-              split_blocks: bool = False) -> Chain:
+def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, split_blocks: bool = False) -> Chain:
     """Cut the profiled graph into a chain of stages (see the module docstring)."""
     nodes = list(gm.graph.nodes)
     nbytes: dict[int, int] = {}
     for n in nodes:
         nbytes.update(_profile_of(n).uid_bytes)
     found = cuts(gm, shared_inputs, split_blocks=split_blocks)
-    coarse = [c.index for c in found if c.coarse]
     compute = [i for i, n in enumerate(nodes) if n.op not in ("placeholder", "get_attr", "output")]
     if not compute:
-        return Chain([], [n.name for n in nodes], tuple(shared_inputs), coarse)
+        return Chain([], [n.name for n in nodes], tuple(shared_inputs))
     bounds: list[tuple[int, int, tuple[int, ...]]] = []
     start, last_compute = compute[0], compute[-1]
     for c in found:
@@ -214,8 +211,6 @@ def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, min_stag
             bounds.append((start, c.index, c.crossing))
             start = c.index + 1
     bounds.append((start, max(last_compute, start), (max(last_compute, start),)))
-    if min_stage_flops:
-        bounds = _merge_small(nodes, bounds, min_stage_flops)
     stages: list[Stage] = []
     producer_stage: dict[int, int] = {}
     last_saved: dict[int, int] = {}
@@ -228,20 +223,4 @@ def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, min_stag
             producer_stage[j] = i
         stages.append(_stage(nodes, i, first, last, entry, crossing, nbytes, producer_stage, last_saved))
         entry = _uids(nodes, crossing)
-    return Chain(stages, [n.name for n in nodes], tuple(shared_inputs), coarse)
-
-
-def _merge_small(nodes: list[fx.Node], bounds: list[tuple[int, int, tuple[int, ...]]],
-                 min_flops: int) -> list[tuple[int, int, tuple[int, ...]]]:
-    """Fold stages below ``min_flops`` forward FLOPs into their successor (fewer, fuller stages)."""
-    merged: list[tuple[int, int, tuple[int, ...]]] = []
-    pending: int | None = None
-    for k, (first, last, crossing) in enumerate(bounds):
-        start = first if pending is None else pending
-        flops = sum(_profile_of(n).fwd_flops for n in nodes[start:last + 1])
-        if flops < min_flops and k != len(bounds) - 1:
-            pending = start
-            continue
-        merged.append((start, last, crossing))
-        pending = None
-    return merged
+    return Chain(stages, [n.name for n in nodes], tuple(shared_inputs))

@@ -7,6 +7,7 @@ import time
 from collections.abc import Sequence
 
 from . import zoo
+from .solvers.registry import DEFAULT_SLOTS, SOLVERS
 
 __all__ = ["main"]
 
@@ -113,8 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p, spec_optional=True)
     p.add_argument("--budget", default="50%", help="bytes, a size ('2GiB'), or a fraction ('50%%', '0.5'); "
                                                    "default 50%%")
-    p.add_argument("--solver", default="rotor", choices=["rotor", "chen-greedy", "chen-sqrtn", "every-stage", "none"])
-    p.add_argument("--slots", type=int, default=500, help="memory slots of the rotor table (default 500)")
+    p.add_argument("--solver", default="rotor", choices=list(SOLVERS),
+                   help="; ".join(f"{name}: {s.help}" for name, s in SOLVERS.items()))
+    p.add_argument("--slots", type=int, default=DEFAULT_SLOTS,
+                   help=f"memory slots of the rotor table (default {DEFAULT_SLOTS})")
     p.add_argument("--code", help="write the generated forward code to this file")
     p.add_argument("--save", help="save the plan as JSON (reapply with remat.apply_plan)")
     p.add_argument("--measure", action="store_true", help="run one real step and report its measured peak")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.utils._pytree import tree_flatten, tree_map
 
 __all__ = ["FakeSession", "target_device", "module_of"]
@@ -62,8 +62,16 @@ class FakeSession:
             with self.mode:
                 fake = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=self.device)
             fake.requires_grad_(t.requires_grad)
+        elif t.numel() == 1 and not t.requires_grad and t.device.type == "cpu":
+            # a scalar (BatchNorm's batch counter): keep its value, for code that reads it
+            # (``momentum=None`` divides by ``float(num_batches_tracked)``)
+            with unset_fake_temporarily():  # (the clone must be real even when called inside the mode)
+                value = t.clone()
+            fake = self.mode.fake_tensor_converter.from_real_tensor(self.mode, value, make_constant=True)
         else:
             fake = self.mode.from_tensor(t, static_shapes=True)
+        if fake.grad is not None:
+            fake.grad = None  # a step starts with every .grad None (DESIGN.md's training step)
         self._memo[id(t)] = (t, fake)
         return fake
 

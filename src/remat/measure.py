@@ -18,34 +18,21 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from .instrument import cpu_window
+from .profiler.memory import storage_bytes
 from .step import loss_of
 
-__all__ = ["measure_peak", "resident_bytes", "unique_storage_bytes"]
-
-
-def unique_storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (views and tied weights count once; a
-    DTensor counts its local shard's storage, padding included)."""
-    seen: dict[tuple[str, int], int] = {}
-    for t in tensors:
-        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
-            continue
-        if hasattr(t, "to_local"):  # a DTensor (FSDP2's sharded parameters): this process's shard
-            t = t.to_local()
-        st = t.untyped_storage()
-        seen[(str(t.device), st.data_ptr() or id(st))] = st.nbytes()
-    return sum(seen.values())
+__all__ = ["measure_peak", "resident_bytes"]
 
 
 def resident_bytes(model: torch.nn.Module, args: Any, kwargs: Any = None) -> int:
     flat, _ = tree_flatten((args, kwargs or {}))
-    return unique_storage_bytes([*model.parameters(), *model.buffers(), *flat])
+    return storage_bytes([*model.parameters(), *model.buffers(), *flat])
 
 
 @contextmanager
-def _restored(model: torch.nn.Module) -> Iterator[None]:
-    """Run a real step and put back every .grad and buffer as it was."""
-    grads = {p: p.grad for p in model.parameters()}
+def _restored(model: torch.nn.Module, inputs: list[torch.Tensor]) -> Iterator[None]:
+    """Run a real step and put back every .grad (the inputs' too) and buffer as it was."""
+    grads = {p: p.grad for p in [*model.parameters(), *(t for t in inputs if t.requires_grad)]}
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     for p in grads:
         p.grad = None
@@ -59,13 +46,13 @@ def _restored(model: torch.nn.Module) -> Iterator[None]:
                 b.copy_(buffers[name])
 
 
-def _step(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+def _step(model: torch.nn.Module, args: tuple, kwargs: dict, inputs: list[torch.Tensor]) -> None:
     loss = loss_of(model(*args, **kwargs))
     if loss is not None:
         loss.backward()
     del loss
-    for p in model.parameters():
-        p.grad = None
+    for p in [*model.parameters(), *inputs]:
+        p.grad = None  # the measured step starts with every .grad None, the inputs' too
 
 
 def _cpu_peak_above(model: torch.nn.Module, args: tuple, kwargs: dict) -> int:
@@ -102,9 +89,10 @@ def measure_peak(model: torch.nn.Module, example_inputs: Any, kwargs: dict | Non
     if any(t.device.type == "meta" for t in tensors):
         raise ValueError("measure_peak runs a real step: the model and inputs must not be on the meta device")
     device = next((t.device for t in tensors if t.device.type == "cuda"), torch.device("cpu"))
-    with _restored(model):
+    inputs = [t for t in flat if isinstance(t, torch.Tensor)]
+    with _restored(model, inputs):
         for _ in range(warmup):
-            _step(model, args, kwargs)
+            _step(model, args, kwargs, inputs)
         resident = resident_bytes(model, args, kwargs)
         if device.type == "cuda":
             above = _cuda_peak_above(model, args, kwargs, device)

@@ -5,13 +5,16 @@ measured on one CPU and cannot know another CPU's kernels, thread count or torch
 step runs on this machine's CPU and its inputs are real, each distinct op signature (op, argument
 shapes, strides, dtypes and other arguments) is instead run once in isolation on real tensors of
 that signature (random values in [0, 1); integer and boolean tensors are zeros, so indices stay in
-range), with the plan's thread count, and its scratch is read from the allocator's events: the
-highest total while it runs minus what it still holds when it returns (its outputs).
+range), with the plan's thread count, and its memory is read from the allocator's events: its
+scratch is the highest total while it runs minus what it still holds when it returns (its outputs),
+and when those outputs are larger than the fake kernel's (an RNN kernel's workspace), the difference
+lives and dies with them.
 
 Measurements are keyed by (device, torch version, threads, signature) and kept in one JSON file per
 (device, torch version, threads) under ``$REMAT_CACHE_DIR`` (default ``~/.cache/remat``): each
 signature is measured once per machine setup and reused across runs and models.  Ops that cannot
-run in isolation (data-dependent output shapes, values they reject) keep the rules' bound.
+run in isolation (data-dependent output shapes, values they reject, an opaque workspace argument
+that only the forward kernel can fill) keep the rules' bound.
 """
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ import math
 import os
 import tempfile
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,13 +34,43 @@ import torch
 from torch._ops import OpOverload
 
 from ..instrument import cpu_window
-from .dispatch import RuleScratch, Target
+from .dispatch import KernelMemory, RuleScratch, Target
 from .rules import MemoryRule, RuleContext
 
 __all__ = ["ScratchCache", "Calibration", "signature", "cache_dir", "calibration_for"]
 
 # Tags of ops whose outputs depend on input values: random inputs say nothing about their memory.
 _DATA_DEPENDENT = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output)
+# Arguments that carry a kernel's private state between its forward and backward (the RNN kernels'
+# workspace, cuDNN's reserve): random bytes there make the kernel read out of bounds (the fake
+# forward even returns an empty workspace), so such ops are run only with a recipe that makes that
+# state with the forward kernel first (found by benchmarks/opfuzz.py: mkldnn_rnn_layer_backward
+# crashed on random arguments).
+_OPAQUE_ARGS = frozenset({"workspace", "reserve", "weight_buf", "dropout_state"})
+
+
+def _mkldnn_rnn_backward(args: list[Any]) -> list[Any]:
+    """oneDNN's LSTM backward reads the workspace its forward wrote: run the forward on the same
+    inputs and weights, and pass its outputs and workspace."""
+    (x, w1, w2, w3, w4, hx, cx, _, _, _, _, _, _, reverse, mode, hidden, layers, biases, train, bidirectional,
+     batch_sizes, batch_first, _) = args
+    with torch.enable_grad():  # (called from a backward, where grad mode is off: no workspace then)
+        out, hy, cy, workspace = torch.ops.aten.mkldnn_rnn_layer(x, w1, w2, w3, w4, hx, cx, reverse, batch_sizes,
+                                                                 mode, hidden, layers, biases, bidirectional,
+                                                                 batch_first, train)
+    args = list(args)
+    args[7], args[8], args[9], args[22] = out, hy, cy, workspace
+    return args
+
+
+# op -> how to make its opaque arguments from the others (real tensors in, real tensors out)
+_RECIPES: dict[Any, Callable[[list[Any]], list[Any]]] = {}
+if hasattr(torch.ops.aten, "mkldnn_rnn_layer_backward"):
+    _RECIPES[torch.ops.aten.mkldnn_rnn_layer_backward.default] = _mkldnn_rnn_backward
+
+
+# Bumped whenever what a measurement means changes, so no file from an older remat is read.
+FORMAT = 2
 
 
 def cache_dir() -> Path:
@@ -66,6 +100,8 @@ def _measurable(func: OpOverload) -> bool:
     """Ops worth running: not views or metadata (they allocate nothing), not data-dependent."""
     if func.namespace == "prim" or any(tag in func.tags for tag in _DATA_DEPENDENT):
         return False
+    if func not in _RECIPES and any(a.name in _OPAQUE_ARGS for a in func._schema.arguments):
+        return False
     returns = [r for r in func._schema.returns if "Tensor" in str(r.type)]
     return bool(returns) and not all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
 
@@ -78,8 +114,9 @@ class ScratchCache:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.values: dict[str, int | None] = {}  # None: the op could not run in isolation
-        self.new: dict[str, int | None] = {}
+        # [scratch, output bytes, output strides]; None: the op could not run in isolation
+        self.values: dict[str, list[Any] | None] = {}
+        self.new: dict[str, list[Any] | None] = {}
         if path.exists():
             try:
                 self.values = json.loads(path.read_text())
@@ -88,17 +125,17 @@ class ScratchCache:
 
     @classmethod
     def for_target(cls, target: Target) -> "ScratchCache":
-        name = f"scratch-{target.device.type}-torch{torch.__version__}-threads{target.threads}.json"
+        name = f"kernels-v{FORMAT}-{target.device.type}-torch{torch.__version__}-threads{target.threads}.json"
         path = cache_dir() / name.replace("+", "_")
         with cls._lock:
             if path not in cls._open:
                 cls._open[path] = cls(path)
             return cls._open[path]
 
-    def get(self, key: str) -> tuple[bool, int | None]:
+    def get(self, key: str) -> tuple[bool, list[Any] | None]:
         return (key in self.values, self.values.get(key))
 
-    def put(self, key: str, value: int | None) -> None:
+    def put(self, key: str, value: list[Any] | None) -> None:
         self.values[key] = value
         self.new[key] = value
 
@@ -152,9 +189,16 @@ def _tensors(x: Any) -> Iterable[torch.Tensor]:
             yield from _tensors(y)
 
 
-def measure_scratch(func: OpOverload, args: tuple, kwargs: dict, threads: int) -> int | None:
-    """Run ``func`` once on real CPU tensors shaped like ``args``; its scratch in bytes, or None
-    when it cannot run that way."""
+def _new_bytes(args: tuple, kwargs: dict, out: Any) -> int:
+    """Bytes of the output storages that are not input storages (what the fake kernel allocated)."""
+    inputs = {id(t.untyped_storage()) for t in _tensors((args, kwargs))}
+    new = {id(st): st.nbytes() for st in (t.untyped_storage() for t in _tensors(out)) if id(st) not in inputs}
+    return sum(new.values())
+
+
+def measure_kernel(func: OpOverload, args: tuple, kwargs: dict, threads: int) -> list[Any] | None:
+    """Run ``func`` once on real CPU tensors shaped like ``args``: [its scratch, the bytes its
+    outputs hold, their strides], or None when it cannot run that way."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     rng = torch.default_generator.get_state()  # (not torch.get_rng_state: the simulation counts those)
@@ -164,13 +208,17 @@ def measure_scratch(func: OpOverload, args: tuple, kwargs: dict, threads: int) -
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
+            if func in _RECIPES:
+                real_args = tuple(_RECIPES[func](list(real_args)))
             window = cpu_window(lambda: func(*real_args, **real_kwargs))
         except Exception:  # noqa: BLE001 - values the op rejects, unsupported on this build, ...
             return None
         finally:
             torch.set_num_threads(before)
             torch.default_generator.set_state(rng)
-    return max(0, window.peak - window.end)
+    outputs = window.value if isinstance(window.value, (tuple, list)) else [window.value]
+    strides = [list(t.stride()) if isinstance(t, torch.Tensor) else None for t in outputs]
+    return [max(0, window.peak - window.end), window.end, strides]
 
 
 @dataclass
@@ -184,36 +232,41 @@ class Calibration:
     measured: int = 0  # signatures measured during this plan
     reused: int = 0  # op calls answered from the cache
     estimated: int = 0  # op calls left to the rules
+    seconds: float = 0.0  # time spent measuring
+    largest_bytes: int = 0  # the most real memory one measurement took (its tensors and scratch)
     _fallback: RuleScratch = field(default_factory=RuleScratch)
 
     def __post_init__(self) -> None:
         self.cache = ScratchCache.for_target(self.target)
 
-    def scratch(self, func: Any, args: tuple, kwargs: dict, out: Any, rules: tuple[MemoryRule, ...],
-                ctx: RuleContext) -> int:
+    def kernel(self, func: Any, args: tuple, kwargs: dict, out: Any, rules: tuple[MemoryRule, ...],
+               ctx: RuleContext) -> KernelMemory:
         if not isinstance(func, OpOverload) or not _measurable(func):
-            return self._fallback.scratch(func, args, kwargs, out, rules, ctx)
+            return self._fallback.kernel(func, args, kwargs, out, rules, ctx)
         key = signature(func, args, kwargs)
         known, value = self.cache.get(key)
-        if known:
-            if value is None:
+        if not known:
+            size = sum(t.untyped_storage().nbytes() for t in _tensors((args, kwargs, out)))
+            if size > self.limit_bytes:
                 return self._estimate(func, args, kwargs, out, rules, ctx)
+            start = time.perf_counter()
+            value = measure_kernel(func, args, kwargs, ctx.threads)
+            self.seconds += time.perf_counter() - start
+            self.largest_bytes = max(self.largest_bytes, size + (value[0] if value else 0))
+            self.cache.put(key, value)
+            self.measured += 1
+        else:
             self.reused += 1
-            return value
-        size = sum(t.untyped_storage().nbytes() for t in _tensors((args, kwargs, out)))
-        if size > self.limit_bytes:
-            return self._estimate(func, args, kwargs, out, rules, ctx)
-        value = measure_scratch(func, args, kwargs, ctx.threads)
-        self.cache.put(key, value)
-        self.measured += 1
         if value is None:
             return self._estimate(func, args, kwargs, out, rules, ctx)
-        return value
+        scratch, held, strides = value
+        return KernelMemory(scratch, max(0, held - _new_bytes(args, kwargs, out)),
+                            tuple(None if st is None else tuple(st) for st in strides))
 
     def _estimate(self, func: Any, args: tuple, kwargs: dict, out: Any, rules: tuple[MemoryRule, ...],
-                  ctx: RuleContext) -> int:
+                  ctx: RuleContext) -> KernelMemory:
         self.estimated += 1
-        return self._fallback.scratch(func, args, kwargs, out, rules, ctx)
+        return self._fallback.kernel(func, args, kwargs, out, rules, ctx)
 
     def flush(self) -> None:
         self.cache.flush()

@@ -26,7 +26,7 @@ from .memory import StorageTracker, storages_of
 from .rules import MemoryRule, RuleContext, rules_for
 from .rules.composites import EagerComposites
 
-__all__ = ["Target", "ScratchSource", "RuleScratch", "AccountingMode", "Simulation", "default_threads"]
+__all__ = ["Target", "KernelMemory", "ScratchSource", "RuleScratch", "AccountingMode", "Simulation", "default_threads"]
 
 
 def default_threads() -> int:
@@ -51,19 +51,49 @@ class Target:
         return RuleContext(self.device.type, self.threads)
 
 
-class ScratchSource(Protocol):
-    """Where kernel scratch comes from: the rules' bounds, or measurements (profiler/calibrate.py)."""
+@dataclass(frozen=True)
+class KernelMemory:
+    """What one op allocates beyond the storages of its fake outputs."""
 
-    def scratch(self, func: Any, args: tuple, kwargs: dict, out: Any, rules: tuple[MemoryRule, ...],
-                ctx: RuleContext) -> int: ...
+    scratch: int = 0  # allocated and freed while it runs
+    extra_out: int = 0  # allocated with its outputs and freed with them (the real outputs are larger)
+    strides: tuple[tuple[int, ...] | None, ...] | None = None  # the real outputs' strides, in order
+
+
+def _flat(out: Any) -> list[Any]:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def relayout(out: Any, strides: tuple[tuple[int, ...] | None, ...], inputs: set[int]) -> Any:
+    """``out`` with each new output laid out as the real kernel lays it out (a fake kernel keeps its
+    input's strides where the CPU kernel returns a contiguous result, say): the layout decides what
+    later ops copy.  Outputs that alias an input are left alone.  Runs under the fake mode."""
+    flat = _flat(out)
+    if len(flat) != len(strides):
+        return out
+    changed = False
+    for i, (t, want) in enumerate(zip(flat, strides)):
+        if (isinstance(t, torch.Tensor) and want is not None and tuple(t.stride()) != tuple(want)
+                and id(t.untyped_storage()) not in inputs and len(want) == t.dim()):
+            flat[i] = torch.empty_strided(t.shape, want, dtype=t.dtype, device=t.device)
+            changed = True
+    if not changed:
+        return out
+    return flat[0] if isinstance(out, torch.Tensor) else type(out)(flat)
+
+class ScratchSource(Protocol):
+    """Where kernel memory comes from: the rules' bounds, or measurements (profiler/calibrate.py)."""
+
+    def kernel(self, func: Any, args: tuple, kwargs: dict, out: Any, rules: tuple[MemoryRule, ...],
+               ctx: RuleContext) -> KernelMemory: ...
 
 
 class RuleScratch:
-    """Scratch from the registered rules alone."""
+    """Kernel memory from the registered rules alone."""
 
-    def scratch(self, func: Any, args: tuple, kwargs: dict, out: Any, rules: tuple[MemoryRule, ...],
-                ctx: RuleContext) -> int:
-        return sum(r.scratch(args, kwargs, out, ctx) for r in rules if r.scratch is not None)
+    def kernel(self, func: Any, args: tuple, kwargs: dict, out: Any, rules: tuple[MemoryRule, ...],
+               ctx: RuleContext) -> KernelMemory:
+        return KernelMemory(sum(r.scratch(args, kwargs, out, ctx) for r in rules if r.scratch is not None))
 
 
 def _op_device(args: tuple, out: Any) -> str | None:
@@ -102,17 +132,24 @@ class AccountingMode(TorchDispatchMode):
     def account(self, func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
         device = _op_device(args, out)
         rules = rules_for(func, device) if device is not None else ()
+        kernel = (self.scratch.kernel(func, args, kwargs, out, rules, self.ctx) if device == self.ctx.device
+                  else KernelMemory())
         for r in rules:
             if r.layout is not None:
                 out = r.layout(args, out)
+        if kernel.strides is not None:
+            inputs = {id(t.untyped_storage()) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+            out = relayout(out, kernel.strides, inputs)
         allocated = out
         for r in rules:
             if r.dropped is not None:
                 allocated = r.dropped(args, allocated)
-        self.tracker.allocate(storages_of(allocated))
+        new = [st for st in storages_of(allocated) if self.tracker.is_new(st)]
+        self.tracker.allocate(new)
         self.tracker.hold(sum(r.held(args, self.ctx) for r in rules if r.held is not None))
-        if device == self.ctx.device:
-            self.tracker.transient(self.scratch.scratch(func, args, kwargs, out, rules, self.ctx))
+        if kernel.extra_out and new:
+            self.tracker.grow(new[0], kernel.extra_out)
+        self.tracker.transient(kernel.scratch)
         return out
 
 

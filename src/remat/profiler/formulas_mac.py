@@ -111,3 +111,22 @@ def int_mm_flop(a, b, *args, out_val=None, **kwargs) -> int:
 @register("_embedding_bag", "1 per gathered element (bag reduction adds)", group="reductions")
 def embedding_bag_flop(weight, indices, *args, out_val=None, **kwargs) -> int:
     return indices.numel() * prod(weight.shape[1:])
+
+
+# oneDNN's fused RNN layer (CPU LSTM): the input and hidden matmuls of every gate at every step;
+# the gate arithmetic is not counted (as torch does not count attention's softmax).
+def _rnn_matmul_flops(x, w_ih, w_hh) -> int:
+    steps_by_batch = x.numel() // x.shape[-1]
+    return 2 * steps_by_batch * w_ih.shape[0] * (w_ih.shape[1] + w_hh.shape[1])
+
+
+@register("mkldnn_rnn_layer", "2·T·B·G·(I+H): input and hidden matmuls, G = rows of the gate weights",
+          mac=True, group=_GROUP)
+def mkldnn_rnn_layer_flop(x, w_ih, w_hh, *args, out_val=None, **kwargs) -> int:
+    return _rnn_matmul_flops(x, w_ih, w_hh)
+
+
+@register("mkldnn_rnn_layer_backward", "2× the forward's: gradients of the inputs and of the weights",
+          mac=True, group=_GROUP)
+def mkldnn_rnn_layer_backward_flop(x, w_ih, w_hh, *args, out_val=None, **kwargs) -> int:
+    return 2 * _rnn_matmul_flops(x, w_ih, w_hh)

@@ -205,7 +205,7 @@ def logsumexp_flop(x, *args, out_val=None, **kwargs) -> int:
     return 4 * x.numel() + numel(out_val)
 
 
-@register("sort topk kthvalue median nanmedian msort",
+@register("sort argsort topk kthvalue median nanmedian msort",
           "N·⌈log2(size along dim)⌉ comparisons", group=_RED)
 def sort_flop(x, *args, out_val=None, **kwargs) -> int:
     dim = next((a for a in args if isinstance(a, int) and not isinstance(a, bool)), -1)

@@ -68,7 +68,7 @@ register_zero(
     "pixel_unshuffle channel_shuffle native_channel_shuffle _unsafe_view resize_ set_ _reshape_copy "
     "view_copy expand_copy permute_copy t_copy transpose_copy unsqueeze_copy squeeze_copy slice_copy "
     "select_copy split_copy split_with_sizes_copy unbind_copy alias_copy detach_copy as_strided_copy "
-    "_local_scalar_dense masked_scatter masked_select nonzero unique_dim _unique2 sort argsort "
+    "_local_scalar_dense masked_scatter masked_select nonzero unique_dim _unique2 "
     "index_copy index_copy_ scatter scatter_ _pin_memory _foreach_copy_ unfold_backward",
     "moves, copies, gathers or creates data: no arithmetic",
 )

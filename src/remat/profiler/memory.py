@@ -23,9 +23,17 @@ def storage_key(t: torch.Tensor) -> int:
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
-    """Bytes of the distinct storages behind live ``tensors`` (real or fake; views count once)."""
+    """Bytes of the distinct storages behind live ``tensors``, real or fake: views and tied weights
+    count once (PyTorch keeps one storage object per storage), a DTensor counts its local shard
+    (FSDP2's parameters), a meta tensor nothing."""
     seen: dict[int, int] = {}
     for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            continue
+        if hasattr(t, "to_local"):
+            t = t.to_local()
+        if t.device.type == "meta":
+            continue
         st = t.untyped_storage()
         seen[id(st)] = st.nbytes()
     return sum(seen.values())
@@ -94,6 +102,19 @@ class StorageTracker:
         if added:
             self._bump(added)
         return added
+
+    def is_new(self, st: torch.UntypedStorage) -> bool:
+        """Not yet tracked (neither resident nor allocated by an earlier op)."""
+        return id(st) not in self._live and id(st) not in self._resident
+
+    def grow(self, st: torch.UntypedStorage, nbytes: int) -> None:
+        """``st`` really holds ``nbytes`` more than its fake twin (a kernel's larger output): counted
+        now and freed with it."""
+        key = id(st)
+        if key in self._live and nbytes > 0:
+            self._live[key] += nbytes
+            self.nbytes[self._uid[key]] += nbytes
+            self._bump(nbytes)
 
     def transient(self, nbytes: int) -> None:
         """Memory a kernel allocates and frees inside one op (workspaces): raises the peak only."""

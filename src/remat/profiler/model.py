@@ -13,7 +13,7 @@ from torch import fx
 from ..step import loss_of
 from ..units import fmt_bytes, fmt_flops
 from .dispatch import ScratchSource, Simulation, Target
-from .flops import BWD, LOSS
+from .flops import BWD, FWD, LOSS
 from .memory import storage_bytes
 from .node import META_KEY, NodeProfile, NodeProfiler
 
@@ -89,8 +89,8 @@ def profile_graph(gm: fx.GraphModule, args: tuple, kwargs: dict | None = None,
     nodes = [n.meta[META_KEY] for n in gm.graph.nodes]
     resident = storage_bytes([*fake_params, *fake_buffers, *sim.inputs])
     return ModelProfile(
-        fwd_flops=sum(n.fwd_flops for n in nodes) + profiler.unattributed["fwd"],
-        bwd_flops=sum(n.bwd_flops for n in nodes) + profiler.unattributed["bwd"],
+        fwd_flops=sum(n.fwd_flops for n in nodes) + profiler.unattributed[FWD],
+        bwd_flops=sum(n.bwd_flops for n in nodes) + profiler.unattributed[BWD],
         param_bytes=storage_bytes(fake_params),
         buffer_bytes=storage_bytes(fake_buffers),
         input_bytes=storage_bytes(sim.inputs),

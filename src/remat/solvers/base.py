@@ -34,9 +34,6 @@ class Region:
         start, stop, children = data
         return cls(int(start), int(stop), tuple(cls.from_list(c) for c in children))
 
-    def depth(self) -> int:
-        return 1 + max((c.depth() for c in self.children), default=0)
-
 
 def validate_regions(regions: tuple[Region, ...] | list[Region], n_stages: int) -> None:
     prev = 0

@@ -13,6 +13,7 @@ lengths; ``input_dims`` says which stayed dynamic (the shape contract, ``runtime
 from __future__ import annotations
 
 import inspect
+import logging
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -63,8 +64,23 @@ def _dynamic_shapes(model: torch.nn.Module, args: tuple, kwargs: dict) -> dict[s
     return {name: tree_map(spec, value) for name, value in bound.arguments.items()}
 
 
+@contextmanager
+def _quiet_loggers(*names: str) -> Iterator[None]:
+    """Export logs what it decides about each Dim.AUTO dimension (``0/1 specialized``, ...): our
+    choice, not the user's concern."""
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict, dynamic: Any) -> Any:
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _quiet_loggers("torch._export", "torch.export", "torch.fx.experimental.symbolic_shapes"):
         warnings.simplefilter("ignore")
         return torch.export.export(model, args, kwargs, strict=False, dynamic_shapes=dynamic)
 

@@ -7,6 +7,7 @@ belongs to (``capture.py``); buffers read as ``self.x`` become named ``get_attr`
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -40,10 +41,30 @@ class _Tracer(fx.Tracer):
         return node
 
 
+def _leaf_wrapper(module: torch.nn.Module) -> torch.nn.Module:
+    """A model that is itself one of torch's leaf modules (a bare BatchNorm2d, say), wrapped so it is
+    traced as a call to it, as it would be inside a model (its forward may read buffer values, which
+    tracing cannot).  The wrapper's forward has the same parameters (fx reads them off the code);
+    the module's parameters are named ``module.*`` in the trace."""
+    params = list(inspect.signature(module.forward).parameters.values())
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        return module  # nothing to mirror: trace it as it is
+    names = [p.name for p in params]
+    defaults = {p.name: p.default for p in params if p.default is not p.empty}
+    header = ", ".join(f"{n}=_defaults[{n!r}]" if n in defaults else n for n in names)
+    namespace: dict[str, Any] = {"_defaults": defaults}
+    exec(f"def forward(self, {header}):\n    return self.module({', '.join(names)})\n", namespace)
+    wrapper = type("Leaf", (torch.nn.Module,), {"forward": namespace["forward"]})()
+    wrapper.module = module
+    return wrapper
+
+
 def symbolic(model: torch.nn.Module) -> fx.GraphModule:
     """Trace ``model`` with symbolic_trace (see the module docstring)."""
     tracer = _Tracer()
     regions: dict[int, UserRegion] = {}
+    if tracer.is_leaf_module(model, ""):
+        model = _leaf_wrapper(model)
     with torch.enable_grad(), recording_modes(), capturing_checkpoints(regions):
         graph = tracer.trace(model)
     gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
