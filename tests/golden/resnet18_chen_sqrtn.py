@@ -14,8 +14,8 @@ def forward(self, x : torch.Tensor) -> torch.Tensor:
         layer1_0_relu = getattr(self.layer1, "0").relu(layer1_0_bn1);  layer1_0_bn1 = None
         layer1_0_conv2 = getattr(self.layer1, "0").conv2(layer1_0_relu);  layer1_0_relu = None
         layer1_0_bn2 = getattr(self.layer1, "0").bn2(layer1_0_conv2);  layer1_0_conv2 = None
-        add = layer1_0_bn2 + maxpool;  layer1_0_bn2 = maxpool = None
-        layer1_0_relu_1 = getattr(self.layer1, "0").relu(add);  add = None
+        layer1_0_bn2 += maxpool;  iadd = layer1_0_bn2;  layer1_0_bn2 = maxpool = None
+        layer1_0_relu_1 = getattr(self.layer1, "0").relu(iadd);  iadd = None
         return layer1_0_relu_1
     layer1_0_relu_1 = torch.utils.checkpoint.checkpoint(ckpt_0, x, use_reentrant=False, preserve_rng_state=False, **remat.runtime.freeze_state(self));  x = None
     def ckpt_1(layer1_0_relu_1):  # stages 4..7: layer1_1_conv1 .. layer3_0_relu_1
@@ -24,8 +24,8 @@ def forward(self, x : torch.Tensor) -> torch.Tensor:
         layer1_1_relu = getattr(self.layer1, "1").relu(layer1_1_bn1);  layer1_1_bn1 = None
         layer1_1_conv2 = getattr(self.layer1, "1").conv2(layer1_1_relu);  layer1_1_relu = None
         layer1_1_bn2 = getattr(self.layer1, "1").bn2(layer1_1_conv2);  layer1_1_conv2 = None
-        add_1 = layer1_1_bn2 + layer1_0_relu_1;  layer1_1_bn2 = layer1_0_relu_1 = None
-        layer1_1_relu_1 = getattr(self.layer1, "1").relu(add_1);  add_1 = None
+        layer1_1_bn2 += layer1_0_relu_1;  iadd_1 = layer1_1_bn2;  layer1_1_bn2 = layer1_0_relu_1 = None
+        layer1_1_relu_1 = getattr(self.layer1, "1").relu(iadd_1);  iadd_1 = None
         layer2_0_conv1 = getattr(self.layer2, "0").conv1(layer1_1_relu_1)
         layer2_0_bn1 = getattr(self.layer2, "0").bn1(layer2_0_conv1);  layer2_0_conv1 = None
         layer2_0_relu = getattr(self.layer2, "0").relu(layer2_0_bn1);  layer2_0_bn1 = None
@@ -33,15 +33,15 @@ def forward(self, x : torch.Tensor) -> torch.Tensor:
         layer2_0_bn2 = getattr(self.layer2, "0").bn2(layer2_0_conv2);  layer2_0_conv2 = None
         layer2_0_downsample_0 = getattr(getattr(self.layer2, "0").downsample, "0")(layer1_1_relu_1);  layer1_1_relu_1 = None
         layer2_0_downsample_1 = getattr(getattr(self.layer2, "0").downsample, "1")(layer2_0_downsample_0);  layer2_0_downsample_0 = None
-        add_2 = layer2_0_bn2 + layer2_0_downsample_1;  layer2_0_bn2 = layer2_0_downsample_1 = None
-        layer2_0_relu_1 = getattr(self.layer2, "0").relu(add_2);  add_2 = None
+        layer2_0_bn2 += layer2_0_downsample_1;  iadd_2 = layer2_0_bn2;  layer2_0_bn2 = layer2_0_downsample_1 = None
+        layer2_0_relu_1 = getattr(self.layer2, "0").relu(iadd_2);  iadd_2 = None
         layer2_1_conv1 = getattr(self.layer2, "1").conv1(layer2_0_relu_1)
         layer2_1_bn1 = getattr(self.layer2, "1").bn1(layer2_1_conv1);  layer2_1_conv1 = None
         layer2_1_relu = getattr(self.layer2, "1").relu(layer2_1_bn1);  layer2_1_bn1 = None
         layer2_1_conv2 = getattr(self.layer2, "1").conv2(layer2_1_relu);  layer2_1_relu = None
         layer2_1_bn2 = getattr(self.layer2, "1").bn2(layer2_1_conv2);  layer2_1_conv2 = None
-        add_3 = layer2_1_bn2 + layer2_0_relu_1;  layer2_1_bn2 = layer2_0_relu_1 = None
-        layer2_1_relu_1 = getattr(self.layer2, "1").relu(add_3);  add_3 = None
+        layer2_1_bn2 += layer2_0_relu_1;  iadd_3 = layer2_1_bn2;  layer2_1_bn2 = layer2_0_relu_1 = None
+        layer2_1_relu_1 = getattr(self.layer2, "1").relu(iadd_3);  iadd_3 = None
         layer3_0_conv1 = getattr(self.layer3, "0").conv1(layer2_1_relu_1)
         layer3_0_bn1 = getattr(self.layer3, "0").bn1(layer3_0_conv1);  layer3_0_conv1 = None
         layer3_0_relu = getattr(self.layer3, "0").relu(layer3_0_bn1);  layer3_0_bn1 = None
@@ -49,8 +49,8 @@ def forward(self, x : torch.Tensor) -> torch.Tensor:
         layer3_0_bn2 = getattr(self.layer3, "0").bn2(layer3_0_conv2);  layer3_0_conv2 = None
         layer3_0_downsample_0 = getattr(getattr(self.layer3, "0").downsample, "0")(layer2_1_relu_1);  layer2_1_relu_1 = None
         layer3_0_downsample_1 = getattr(getattr(self.layer3, "0").downsample, "1")(layer3_0_downsample_0);  layer3_0_downsample_0 = None
-        add_4 = layer3_0_bn2 + layer3_0_downsample_1;  layer3_0_bn2 = layer3_0_downsample_1 = None
-        layer3_0_relu_1 = getattr(self.layer3, "0").relu(add_4);  add_4 = None
+        layer3_0_bn2 += layer3_0_downsample_1;  iadd_4 = layer3_0_bn2;  layer3_0_bn2 = layer3_0_downsample_1 = None
+        layer3_0_relu_1 = getattr(self.layer3, "0").relu(iadd_4);  iadd_4 = None
         return layer3_0_relu_1
     layer3_0_relu_1 = torch.utils.checkpoint.checkpoint(ckpt_1, layer1_0_relu_1, use_reentrant=False, preserve_rng_state=False, **remat.runtime.freeze_state(self));  layer1_0_relu_1 = None
     def ckpt_2(layer3_0_relu_1):  # stages 8..11: layer3_1_conv1 .. avgpool
@@ -59,8 +59,8 @@ def forward(self, x : torch.Tensor) -> torch.Tensor:
         layer3_1_relu = getattr(self.layer3, "1").relu(layer3_1_bn1);  layer3_1_bn1 = None
         layer3_1_conv2 = getattr(self.layer3, "1").conv2(layer3_1_relu);  layer3_1_relu = None
         layer3_1_bn2 = getattr(self.layer3, "1").bn2(layer3_1_conv2);  layer3_1_conv2 = None
-        add_5 = layer3_1_bn2 + layer3_0_relu_1;  layer3_1_bn2 = layer3_0_relu_1 = None
-        layer3_1_relu_1 = getattr(self.layer3, "1").relu(add_5);  add_5 = None
+        layer3_1_bn2 += layer3_0_relu_1;  iadd_5 = layer3_1_bn2;  layer3_1_bn2 = layer3_0_relu_1 = None
+        layer3_1_relu_1 = getattr(self.layer3, "1").relu(iadd_5);  iadd_5 = None
         layer4_0_conv1 = getattr(self.layer4, "0").conv1(layer3_1_relu_1)
         layer4_0_bn1 = getattr(self.layer4, "0").bn1(layer4_0_conv1);  layer4_0_conv1 = None
         layer4_0_relu = getattr(self.layer4, "0").relu(layer4_0_bn1);  layer4_0_bn1 = None
@@ -68,15 +68,15 @@ def forward(self, x : torch.Tensor) -> torch.Tensor:
         layer4_0_bn2 = getattr(self.layer4, "0").bn2(layer4_0_conv2);  layer4_0_conv2 = None
         layer4_0_downsample_0 = getattr(getattr(self.layer4, "0").downsample, "0")(layer3_1_relu_1);  layer3_1_relu_1 = None
         layer4_0_downsample_1 = getattr(getattr(self.layer4, "0").downsample, "1")(layer4_0_downsample_0);  layer4_0_downsample_0 = None
-        add_6 = layer4_0_bn2 + layer4_0_downsample_1;  layer4_0_bn2 = layer4_0_downsample_1 = None
-        layer4_0_relu_1 = getattr(self.layer4, "0").relu(add_6);  add_6 = None
+        layer4_0_bn2 += layer4_0_downsample_1;  iadd_6 = layer4_0_bn2;  layer4_0_bn2 = layer4_0_downsample_1 = None
+        layer4_0_relu_1 = getattr(self.layer4, "0").relu(iadd_6);  iadd_6 = None
         layer4_1_conv1 = getattr(self.layer4, "1").conv1(layer4_0_relu_1)
         layer4_1_bn1 = getattr(self.layer4, "1").bn1(layer4_1_conv1);  layer4_1_conv1 = None
         layer4_1_relu = getattr(self.layer4, "1").relu(layer4_1_bn1);  layer4_1_bn1 = None
         layer4_1_conv2 = getattr(self.layer4, "1").conv2(layer4_1_relu);  layer4_1_relu = None
         layer4_1_bn2 = getattr(self.layer4, "1").bn2(layer4_1_conv2);  layer4_1_conv2 = None
-        add_7 = layer4_1_bn2 + layer4_0_relu_1;  layer4_1_bn2 = layer4_0_relu_1 = None
-        layer4_1_relu_1 = getattr(self.layer4, "1").relu(add_7);  add_7 = None
+        layer4_1_bn2 += layer4_0_relu_1;  iadd_7 = layer4_1_bn2;  layer4_1_bn2 = layer4_0_relu_1 = None
+        layer4_1_relu_1 = getattr(self.layer4, "1").relu(iadd_7);  iadd_7 = None
         avgpool = self.avgpool(layer4_1_relu_1);  layer4_1_relu_1 = None
         return avgpool
     avgpool = torch.utils.checkpoint.checkpoint(ckpt_2, layer3_0_relu_1, use_reentrant=False, preserve_rng_state=False, **remat.runtime.freeze_state(self));  layer3_0_relu_1 = None

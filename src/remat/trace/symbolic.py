@@ -8,6 +8,9 @@ belongs to (``capture.py``); buffers read as ``self.x`` become named ``get_attr`
 from __future__ import annotations
 
 import inspect
+import operator
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -59,13 +62,39 @@ def _leaf_wrapper(module: torch.nn.Module) -> torch.nn.Module:
     return wrapper
 
 
+_INPLACE = {"__iadd__": operator.iadd, "__isub__": operator.isub, "__imul__": operator.imul,
+            "__itruediv__": operator.itruediv}
+
+
+@contextmanager
+def _inplace_operators() -> Iterator[None]:
+    """``out += identity`` stays in place.  fx's Proxy has no ``__iadd__``, so Python records an
+    out-of-place ``out + identity`` (a new output-sized tensor per residual block, which made traced
+    ResNets 4-6 % slower than eager on the CPU); while remat traces, these operators record
+    ``operator.iadd`` & co., which run the tensor's own in-place method, as the model does."""
+    added = [name for name in _INPLACE if name not in vars(fx.Proxy)]
+
+    def recorder(op: Any):
+        def method(self: fx.Proxy, other: Any) -> fx.Proxy:
+            return self.tracer.create_proxy("call_function", op, (self, other), {})
+        return method
+
+    for name in added:
+        setattr(fx.Proxy, name, recorder(_INPLACE[name]))
+    try:
+        yield
+    finally:
+        for name in added:
+            delattr(fx.Proxy, name)
+
+
 def symbolic(model: torch.nn.Module) -> fx.GraphModule:
     """Trace ``model`` with symbolic_trace (see the module docstring)."""
     tracer = _Tracer()
     regions: dict[int, UserRegion] = {}
     if tracer.is_leaf_module(model, ""):
         model = _leaf_wrapper(model)
-    with torch.enable_grad(), recording_modes(), capturing_checkpoints(regions):
+    with torch.enable_grad(), recording_modes(), capturing_checkpoints(regions), _inplace_operators():
         graph = tracer.trace(model)
     gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
     gm.remat_frontend = "symbolic_trace"
