@@ -59,7 +59,30 @@ def checkpoint(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | 
     parsed = None if budget is None else parse_budget(budget)
     problem = prepare(model, _as_args(example_inputs), kwargs, tuple(shared_inputs),
                       world_size=world_size, sharding=sharding, calibrate=calibrate)
-    gm, _ = plan_problem(problem, solver, parsed, SolveSettings(slots=slots))
+    gm, plan = plan_problem(problem, solver, parsed, SolveSettings(slots=slots))
+    return _agree_across_ranks(problem, gm, plan)
+
+
+def _agree_across_ranks(problem: Problem, gm: fx.GraphModule, plan: Plan) -> fx.GraphModule:
+    """Every process of a distributed job runs rank 0's plan.
+
+    Costs include op times measured on each process, which differ by noise; two ranks choosing
+    different regions would issue FSDP's collectives in different orders and hang.
+    """
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()
+            and torch.distributed.get_world_size() > 1):
+        return gm
+    shared = [plan]
+    torch.distributed.broadcast_object_list(shared, src=0)
+    chosen: Plan = shared[0]
+    if chosen.regions == plan.regions and chosen.info.get("granularity") == plan.info.get("granularity"):
+        return gm
+    level = chosen.info.get("granularity", "blocks")
+    if level not in problem.levels or [list(s.nodes) for s in problem.levels[level].chain.stages] != chosen.stages:
+        raise RuntimeError("rank 0 traced this model to other stages than this process: the processes of one "
+                           "job must plan the same model on inputs of the same shapes")
+    gm = apply_regions(problem, tuple(chosen.regions), level)
+    gm.remat_plan = chosen
     return gm
 
 
