@@ -144,3 +144,44 @@ def test_in_place_adds_stay_in_place_so_the_traced_step_matches_eager():
     gm = assert_same_step(model, lambda m: remat.checkpoint(m, inputs, budget=1.0), inputs)
     assert "layer1_0_bn2 += maxpool" in gm.code and not gm.remat_plan.regions
     assert remat.measure_peak(gm, inputs) == remat.measure_peak(model, inputs)
+
+
+def test_a_region_keeping_its_matmul_outputs_trains_exactly_and_is_predicted():
+    """Selective recomputation: the region keeps its linear layers' outputs (torch's selective
+    checkpoint context) and recomputes the norms and activations only; the fake step predicts it."""
+    from remat.solvers.base import SAVE_COMPUTE, Region
+
+    model, inputs = (ResidualMLP(width=128, depth=6, classes=1), (torch.randn(16, 64, 128),))
+    gm0, chain = _chain(model, inputs)
+    n = len(chain)
+    regions = (Region(1, n - 1, (), SAVE_COMPUTE),)
+    from remat.codegen import generate
+
+    new = assert_same_step(model, lambda m: generate(*_chain(m, inputs), regions), inputs)
+    assert 'save="compute"' in new.code
+    full = generate(gm0, chain, (Region(1, n - 1),))
+    kept = simulate_step(new, inputs).peak
+    assert kept == remat.measure_peak(new, inputs)
+    # (at most the RNG state the region stashes for its dropout above the step without regions)
+    assert simulate_step(full, inputs).peak <= kept <= simulate_step(gm0, inputs).peak + 8192
+    # the point of it: recomputation runs the cheap ops, not the matmuls again
+    assert _calls(new, inputs, "addmm") == _calls(gm0, inputs, "addmm") < _calls(full, inputs, "addmm")
+    assert _calls(new, inputs, "layer_norm") > _calls(gm0, inputs, "layer_norm")
+
+
+def _calls(module, inputs, name: str) -> int:
+    """How many aten ops whose name contains ``name`` one real training step runs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    count = 0
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            nonlocal count
+            count += name in str(func) and "backward" not in str(func)
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        module(*inputs).float().sum().backward()
+    module.zero_grad(set_to_none=True)
+    return count

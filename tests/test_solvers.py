@@ -7,7 +7,7 @@ import torch
 
 import remat
 from remat.budget import parse_budget
-from remat.solvers.base import Plan, Region
+from remat.solvers.base import SAVE_COMPUTE, Plan, Region
 from remat.solvers.chen import greedy_regions
 from remat.solvers.model import ChainModel, evaluate
 from remat.solvers.rotor import rotor_regions, solve_rotor, solve_table
@@ -31,14 +31,19 @@ def random_model(n: int, rng: random.Random) -> ChainModel:
         else:
             i += 1
     x = [0] + [y[i] + skip[i] for i in range(n - 1)]
-    return ChainModel(tuple(f), tuple(x), tuple(y), tuple(y[i] + rng.randint(0, 80) for i in range(n)),
+    xbar = [y[i] + rng.randint(0, 80) for i in range(n)]
+    # what a region keeping its expensive outputs keeps of each stage, and the time that skips
+    keep = [rng.randint(0, xbar[i]) if rng.random() < 0.7 else 0 for i in range(n)]
+    keep_time = [float(rng.randint(0, f[i])) for i in range(n)]
+    return ChainModel(tuple(f), tuple(x), tuple(y), tuple(xbar),
                       tuple(rng.randint(0, 20) for _ in range(n)), tuple(rng.randint(0, 30) for _ in range(n)),
                       tuple(rng.randint(0, 10) for _ in range(n)), tuple(y[i] + rng.randint(0, 40) for i in range(n)),
-                      tuple(skip), tuple(skip_from))
+                      tuple(skip), tuple(skip_from), tuple(float(v) for v in f), tuple(keep), tuple(keep_time))
 
 
 def all_structures(start, stop, forbid=None):
-    """Every ordered list of disjoint regions in [start, stop), nested arbitrarily deep."""
+    """Every ordered list of disjoint regions in [start, stop), nested arbitrarily deep; a region
+    with nothing inside also in its variant that keeps the expensive outputs."""
     if start >= stop:
         yield []
         return
@@ -49,6 +54,8 @@ def all_structures(start, stop, forbid=None):
         for inner in all_structures(start, end, (start, end)):
             for rest in all_structures(end, stop, forbid):
                 yield [Region(start, end, tuple(inner))] + rest
+                if not inner:
+                    yield [Region(start, end, (), SAVE_COMPUTE)] + rest
 
 
 def exact_search(model: ChainModel, limit: int):
@@ -75,8 +82,8 @@ def test_rotor_is_optimal_against_exhaustive_search(seed):
             continue
         cost = evaluate(model, regions)
         assert cost.peak <= limit
-        assert cost.recompute == float(table.cost[0, len(model) - 1, limit]) - sum(model.f)
-        assert cost.recompute == best
+        assert cost.recompute == pytest.approx(float(table.cost[0, len(model) - 1, limit]) - sum(model.t))
+        assert cost.recompute == pytest.approx(best)
 
 
 def random_plans(n: int, rng: random.Random, count: int):

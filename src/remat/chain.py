@@ -26,6 +26,7 @@ __all__ = ["Stage", "Chain", "linearize", "MIN_STAGE_FLOPS"]
 # A stage with no arithmetic (a view, a flatten) still costs time to run: counted as 1 FLOP, so
 # the solvers never see recomputing it as free (a free stage would be recomputed for any saving).
 MIN_STAGE_FLOPS = 1
+MIN_STAGE_SECONDS = 1e-7  # the same for time: a tenth of a microsecond
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,9 @@ class Stage:
     fdis: int = 0  # peak of its forward with nothing saved (inside a region), output included
     skip: int = 0  # bytes of earlier values (a block's input) that also flow over its output cut
     skip_from: int = -1  # the stage that produced them (-1: none)
+    fwd_time: float = 0.0  # predicted seconds of its forward (profiler/timing.py)
+    keep: int = 0  # bytes of its matmul/conv/attention outputs: kept by a region that saves those
+    keep_time: float = 0.0  # seconds of those ops: not recomputed when kept
 
 
 @dataclass
@@ -188,8 +192,10 @@ def _stage(nodes: list[fx.Node], index: int, first: int, last: int, entry: froze
     fdis = max([y] + [sum(nbytes[u] for u in p.in_uids & made) + p.fwd_out + p.fwd_transient for p in profs])
     fwd = max(MIN_STAGE_FLOPS, sum(p.fwd_flops for p in profs))
     bwd = max(MIN_STAGE_FLOPS, sum(p.bwd_flops for p in profs))
+    seconds = max(MIN_STAGE_SECONDS, sum(p.fwd_time for p in profs))
+    keep_time = min(seconds, sum(p.keep_time for p in profs))
     return Stage(index, first, last, tuple(n.name for n in nodes[first:last + 1]), fwd, bwd, x, xbar, ftmp, btmp,
-                 y, g, fdis, skip, skip_from)
+                 y, g, fdis, skip, skip_from, seconds, sum(p.keep_bytes for p in profs), keep_time)
 
 
 def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, split_blocks: bool = False) -> Chain:

@@ -2,8 +2,9 @@
 
 Keep these names stable: a module written out with ``remat plan --code`` or pickled refers to them.
 
-* ``freeze_state``: checkpoint keyword arguments that stop recomputation from updating module
-  state (BatchNorm running statistics) a second time.
+* ``context``: checkpoint keyword arguments for what a region needs: keeping the outputs of its
+  expensive ops (selective checkpointing), and not updating module state (BatchNorm running
+  statistics) a second time when it is recomputed.
 * ``check_inputs``: the shape contract of a plan.  It covers inputs up to the planned shapes:
   smaller batches and sequences run exactly; a larger one runs but warns (``RematWarning``) that
   the budget no longer holds; a dimension the trace pinned raises ``ShapeError``; more CPU threads
@@ -14,6 +15,7 @@ Keep these names stable: a module written out with ``remat plan --code`` or pick
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -23,9 +25,10 @@ from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .errors import RematWarning, ShapeError
+from .profiler.registry import lookup
 from .profiler.rules import hidden_writes
 
-__all__ = ["freeze_state", "check_inputs", "InputContract", "RematModule", "restore"]
+__all__ = ["context", "freeze_state", "check_inputs", "InputContract", "RematModule", "restore"]
 
 
 class _FrozenStateMode(TorchDispatchMode):
@@ -72,25 +75,67 @@ class _FrozenBatchNorms:
                     m.num_batches_tracked.copy_(count)
 
 
-def freeze_state(module: torch.nn.Module, ops: bool = False) -> dict[str, Any]:
-    """Keyword arguments for checkpoint: a ``context_fn`` that recomputes without updating
-    ``module``'s buffers again.
+def _save_compute(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    """Selective checkpointing policy: keep the outputs of the ops remat's FLOP registry counts as
+    multiply-adds (matmul, convolution, attention), recompute everything else."""
+    from torch.utils.checkpoint import CheckpointPolicy
 
-    ``ops=False``: the state writers are BatchNorm modules (symbolic traces), frozen module by
-    module; ``ops=True``: they are aten ops in the graph (torch.export), frozen by a dispatch mode.
-    Under torch.compile there is nothing to freeze (AOTAutograd applies buffer mutations once, in
-    the forward graph, and recomputes only values) and dynamo accepts no other ``context_fn``.
+    formula = lookup(op).formula
+    return CheckpointPolicy.MUST_SAVE if formula is not None and formula.mac else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+class _Both:
+    """Two context managers entered as one."""
+
+    def __init__(self, first: Any, second: Any) -> None:
+        self.stack = contextlib.ExitStack()
+        self.first, self.second = first, second
+
+    def __enter__(self) -> None:
+        self.stack.enter_context(self.first)
+        self.stack.enter_context(self.second)
+
+    def __exit__(self, *exc: object) -> Any:
+        return self.stack.__exit__(*exc)
+
+
+def context(module: torch.nn.Module, save: str = "", freeze: str = "") -> dict[str, Any]:
+    """Keyword arguments for one checkpoint call: a ``context_fn`` for what its region needs.
+
+    ``save="compute"``: keep the outputs of matmul/conv/attention ops (torch's selective
+    checkpointing) and recompute only the rest.  ``freeze="modules"``: recompute without updating
+    the BatchNorm modules' statistics again (symbolic traces); ``freeze="ops"``: the state is
+    written by aten ops in the graph (torch.export), frozen by a dispatch mode that runs them on
+    copies.  Under torch.compile there is nothing to freeze (AOTAutograd applies buffer mutations
+    once, in the forward graph) and dynamo accepts only a selective-checkpoint ``context_fn``.
     """
-    if torch.compiler.is_compiling():
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    compiling = torch.compiler.is_compiling()
+    if compiling:
+        freeze = ""
+    if not save and not freeze:
         return {}
 
     def context_fn():
-        if not ops:
-            return contextlib.nullcontext(), _FrozenBatchNorms(module)
-        state = {id(b.untyped_storage()) for b in module.buffers()}
-        return contextlib.nullcontext(), _FrozenStateMode(state)
+        forward, recompute = contextlib.nullcontext(), contextlib.nullcontext()
+        if save:
+            forward, recompute = create_selective_checkpoint_contexts(_save_compute)
+        if freeze == "modules":
+            recompute = _Both(recompute, _FrozenBatchNorms(module))
+        elif freeze == "ops":
+            state = {id(b.untyped_storage()) for b in module.buffers()}
+            recompute = _Both(recompute, _FrozenStateMode(state))
+        return forward, recompute
 
+    if compiling:
+        return {"context_fn": functools.partial(create_selective_checkpoint_contexts, _save_compute)}
     return {"context_fn": context_fn}
+
+
+def freeze_state(module: torch.nn.Module, ops: bool = False) -> dict[str, Any]:
+    """The BatchNorm-freezing ``context_fn`` alone (modules generated by remat before ``context``)."""
+    return context(module, freeze="ops" if ops else "modules")
 
 
 # --- the shape contract -----------------------------------------------------------------------------

@@ -17,7 +17,7 @@ def forward(self, x : torch.Tensor) -> torch.Tensor:
         layer1_0_bn2 += maxpool;  iadd = layer1_0_bn2;  layer1_0_bn2 = maxpool = None
         layer1_0_relu_1 = getattr(self.layer1, "0").relu(iadd);  iadd = None
         return layer1_0_relu_1
-    layer1_0_relu_1 = torch.utils.checkpoint.checkpoint(ckpt_0, x, use_reentrant=False, preserve_rng_state=False, **remat.runtime.freeze_state(self));  x = None
+    layer1_0_relu_1 = torch.utils.checkpoint.checkpoint(ckpt_0, x, use_reentrant=False, preserve_rng_state=False, **remat.runtime.context(self, freeze="modules"));  x = None
     def ckpt_1(layer1_0_relu_1):  # stages 4..7: layer1_1_conv1 .. layer3_0_relu_1
         layer1_1_conv1 = getattr(self.layer1, "1").conv1(layer1_0_relu_1)
         layer1_1_bn1 = getattr(self.layer1, "1").bn1(layer1_1_conv1);  layer1_1_conv1 = None
@@ -52,7 +52,7 @@ def forward(self, x : torch.Tensor) -> torch.Tensor:
         layer3_0_bn2 += layer3_0_downsample_1;  iadd_4 = layer3_0_bn2;  layer3_0_bn2 = layer3_0_downsample_1 = None
         layer3_0_relu_1 = getattr(self.layer3, "0").relu(iadd_4);  iadd_4 = None
         return layer3_0_relu_1
-    layer3_0_relu_1 = torch.utils.checkpoint.checkpoint(ckpt_1, layer1_0_relu_1, use_reentrant=False, preserve_rng_state=False, **remat.runtime.freeze_state(self));  layer1_0_relu_1 = None
+    layer3_0_relu_1 = torch.utils.checkpoint.checkpoint(ckpt_1, layer1_0_relu_1, use_reentrant=False, preserve_rng_state=False, **remat.runtime.context(self, freeze="modules"));  layer1_0_relu_1 = None
     def ckpt_2(layer3_0_relu_1):  # stages 8..11: layer3_1_conv1 .. avgpool
         layer3_1_conv1 = getattr(self.layer3, "1").conv1(layer3_0_relu_1)
         layer3_1_bn1 = getattr(self.layer3, "1").bn1(layer3_1_conv1);  layer3_1_conv1 = None
@@ -79,7 +79,7 @@ def forward(self, x : torch.Tensor) -> torch.Tensor:
         layer4_1_relu_1 = getattr(self.layer4, "1").relu(iadd_7);  iadd_7 = None
         avgpool = self.avgpool(layer4_1_relu_1);  layer4_1_relu_1 = None
         return avgpool
-    avgpool = torch.utils.checkpoint.checkpoint(ckpt_2, layer3_0_relu_1, use_reentrant=False, preserve_rng_state=False, **remat.runtime.freeze_state(self));  layer3_0_relu_1 = None
+    avgpool = torch.utils.checkpoint.checkpoint(ckpt_2, layer3_0_relu_1, use_reentrant=False, preserve_rng_state=False, **remat.runtime.context(self, freeze="modules"));  layer3_0_relu_1 = None
     flatten = torch.flatten(avgpool, 1);  avgpool = None
     fc = self.fc(flatten);  flatten = None
     return fc

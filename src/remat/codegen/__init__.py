@@ -9,8 +9,9 @@ What a region's checkpoint call passes, beyond ``use_reentrant=False``:
 * ``preserve_rng_state=False`` unless the region draws random numbers (an op torch tags
   ``nondeterministic_seeded``, with a nonzero ``dropout_p`` where the op has one): no RNG state
   to stash, no replay.  Regions with dropout keep the default, so recomputation replays the masks.
-* ``**remat.runtime.freeze_state(self)`` when the region writes module state: recomputation must
-  not update BatchNorm statistics a second time (runtime.py).
+* ``**remat.runtime.context(self, save="compute")`` for a region that keeps its matmul, conv and
+  attention outputs (torch's selective checkpointing); ``freeze=...`` when the region writes module
+  state: recomputation must not update BatchNorm statistics a second time (runtime.py).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from torch import fx
 from ..chain import Chain
 from ..profiler.node import META_KEY
 from ..runtime import InputContract, RematModule
-from ..solvers.base import Region, validate_regions
+from ..solvers.base import SAVE_COMPUTE, Region, validate_regions
 from ..trace.modes import MODES_KEY
 from .body import Layout, Nester, NodeRegion
 
@@ -37,7 +38,10 @@ _CARRIED = ("_in_spec", "_out_spec", "remat_frontend", "remat_user_regions", "re
 def regions_from_stages(chain: Chain, regions: Sequence[Region]) -> tuple[NodeRegion, ...]:
     """Regions over the chain's stages -> regions over graph nodes."""
     return tuple(NodeRegion(chain.stages[r.start].first, chain.stages[r.stop - 1].last,
-                            regions_from_stages(chain, r.children), f"stages {r.start}..{r.stop - 1}")
+                            regions_from_stages(chain, r.children),
+                            f"stages {r.start}..{r.stop - 1}" + (", keeping matmul/conv/attention outputs"
+                                                                  if r.policy == SAVE_COMPUTE else ""),
+                            policy=r.policy)
                  for r in regions)
 
 
@@ -60,9 +64,13 @@ def _state_written_by_batchnorm_modules(gm: fx.GraphModule) -> bool:
 def region_options(gm: fx.GraphModule, region: NodeRegion) -> str:
     """The checkpoint call's keyword arguments for ``region`` (see the module docstring)."""
     options = "" if _any_node(gm, region, "random") else ", preserve_rng_state=False"
+    needs = []
+    if region.policy == SAVE_COMPUTE:
+        needs.append('save="compute"')
     if _any_node(gm, region, "mutates_state"):
-        ops = "" if _state_written_by_batchnorm_modules(gm) else ", ops=True"
-        options += f", **remat.runtime.freeze_state(self{ops})"
+        needs.append('freeze="modules"' if _state_written_by_batchnorm_modules(gm) else 'freeze="ops"')
+    if needs:
+        options += f", **remat.runtime.context(self, {', '.join(needs)})"
     return options
 
 

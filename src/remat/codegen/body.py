@@ -37,6 +37,7 @@ class NodeRegion:
     label: str = ""
     options: str | None = None  # None: decided from the profiles of its nodes (codegen.region_options)
     name: str = ""
+    policy: str = ""  # solvers.base.SAVE_COMPUTE: keep the expensive ops' outputs
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from torch import fx
 
 from ..budget import Budget
 from ..solvers.base import Plan
-from ..solvers.model import ChainModel, recompute_flops
+from ..solvers.model import ChainModel, recompute_flops, recompute_time
 from ..solvers.registry import SolveSettings, get_solver
 from .errors import fixed_plan_too_big, infeasible
 from .problem import Granularity, Problem, coarsen, prepare
@@ -46,15 +46,18 @@ def plan_problem(problem: Problem, solver_name: str, budget: Budget | None,
         need, found = smallest_budget(problem, solver, settings, verify)
         if need > budget_bytes:
             raise infeasible(problem, budget_bytes, solver.name, need) from None
+    model = ChainModel.from_chain(found.level.chain)
     plan = Plan(
         solver=solver.name, budget_bytes=budget_bytes, predicted_peak_bytes=found.peak,
-        recompute_flops=recompute_flops(ChainModel.from_chain(found.level.chain), found.regions),
+        recompute_flops=recompute_flops(model, found.regions),
         stages=[list(s.nodes) for s in found.level.chain.stages], regions=found.regions,
         step_flops=problem.profile.fwd_flops + problem.profile.bwd_flops,
         info={"unconstrained_peak_bytes": problem.unconstrained, "fixed_bytes": problem.fixed,
               "resident_bytes": problem.resident, "solve_seconds": round(time.perf_counter() - start, 3),
               "attempts": found.attempts, "frontend": problem.profile.frontend, "slots": settings.slots,
               "granularity": found.level.name, **problem.scratch_info(),
+              "recompute_seconds": recompute_time(model, found.regions),
+              "step_seconds": sum(n.fwd_time + n.bwd_time for n in problem.profile.nodes),
               "inputs": {n: list(sh) for n, sh in zip(problem.gm.remat_contract.names, problem.gm.remat_contract.shapes)
                          if sh is not None},
               **({"user_checkpoints": _count(problem.user_regions),

@@ -14,7 +14,7 @@ from torch import fx
 
 from ..codegen import generate
 from ..solvers.base import Region
-from ..solvers.model import ChainModel, evaluate, recompute_flops
+from ..solvers.model import ChainModel, evaluate, recompute_time
 from ..solvers.registry import Solver, SolveSettings
 from .problem import Granularity, Problem
 
@@ -77,15 +77,15 @@ def solve_regions(problem: Problem, solver: Solver, limit: int,
     levels = [problem.levels["blocks"]]
     if solver.budgeted and "fine" in problem.levels:
         levels.append(problem.levels["fine"])
-    best: tuple[int, Granularity, tuple[Region, ...]] | None = None
+    best: tuple[float, Granularity, tuple[Region, ...]] | None = None
     for level in levels:
         # the 4x-slot retry near the floor only while no level has a plan (it costs 16x)
-        tried = SolveSettings(settings.slots, settings.retry and best is None)
+        tried = SolveSettings(settings.slots, settings.retry and best is None, settings.selective)
         regions = solver.regions(level.model, limit, tried) if len(level.model) else ()
         if regions is None:
             continue
         regions = _expand(regions, level.groups)
-        work = recompute_flops(ChainModel.from_chain(level.chain), regions)
+        work = recompute_time(ChainModel.from_chain(level.chain), regions)
         if best is None or work < best[0]:
             best = (work, level, regions)
     return None if best is None else (best[1], best[2])

@@ -70,7 +70,7 @@ if hasattr(torch.ops.aten, "mkldnn_rnn_layer_backward"):
 
 
 # Bumped whenever what a measurement means changes, so no file from an older remat is read.
-FORMAT = 2
+FORMAT = 3
 
 
 def cache_dir() -> Path:
@@ -114,7 +114,7 @@ class ScratchCache:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        # [scratch, output bytes, output strides]; None: the op could not run in isolation
+        # [scratch, output bytes, output strides, seconds]; None: the op could not run in isolation
         self.values: dict[str, list[Any] | None] = {}
         self.new: dict[str, list[Any] | None] = {}
         if path.exists():
@@ -198,7 +198,7 @@ def _new_bytes(args: tuple, kwargs: dict, out: Any) -> int:
 
 def measure_kernel(func: OpOverload, args: tuple, kwargs: dict, threads: int) -> list[Any] | None:
     """Run ``func`` once on real CPU tensors shaped like ``args``: [its scratch, the bytes its
-    outputs hold, their strides], or None when it cannot run that way."""
+    outputs hold, their strides, its run time], or None when it cannot run that way."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     rng = torch.default_generator.get_state()  # (not torch.get_rng_state: the simulation counts those)
@@ -211,6 +211,9 @@ def measure_kernel(func: OpOverload, args: tuple, kwargs: dict, threads: int) ->
             if func in _RECIPES:
                 real_args = tuple(_RECIPES[func](list(real_args)))
             window = cpu_window(lambda: func(*real_args, **real_kwargs))
+            start = time.perf_counter()  # its time, outside the profiler (the first run warmed it up)
+            func(*real_args, **real_kwargs)
+            seconds = time.perf_counter() - start
         except Exception:  # noqa: BLE001 - values the op rejects, unsupported on this build, ...
             return None
         finally:
@@ -218,7 +221,7 @@ def measure_kernel(func: OpOverload, args: tuple, kwargs: dict, threads: int) ->
             torch.default_generator.set_state(rng)
     outputs = window.value if isinstance(window.value, (tuple, list)) else [window.value]
     strides = [list(t.stride()) if isinstance(t, torch.Tensor) else None for t in outputs]
-    return [max(0, window.peak - window.end), window.end, strides]
+    return [max(0, window.peak - window.end), window.end, strides, seconds]
 
 
 @dataclass
@@ -259,9 +262,9 @@ class Calibration:
             self.reused += 1
         if value is None:
             return self._estimate(func, args, kwargs, out, rules, ctx)
-        scratch, held, strides = value
+        scratch, held, strides, seconds = value
         return KernelMemory(scratch, max(0, held - _new_bytes(args, kwargs, out)),
-                            tuple(None if st is None else tuple(st) for st in strides))
+                            tuple(None if st is None else tuple(st) for st in strides), seconds)
 
     def _estimate(self, func: Any, args: tuple, kwargs: dict, out: Any, rules: tuple[MemoryRule, ...],
                   ctx: RuleContext) -> KernelMemory:

@@ -58,6 +58,7 @@ class KernelMemory:
     scratch: int = 0  # allocated and freed while it runs
     extra_out: int = 0  # allocated with its outputs and freed with them (the real outputs are larger)
     strides: tuple[tuple[int, ...] | None, ...] | None = None  # the real outputs' strides, in order
+    seconds: float | None = None  # its run time measured on this machine (None: not measured)
 
 
 def _flat(out: Any) -> list[Any]:
@@ -103,7 +104,7 @@ def _op_device(args: tuple, out: Any) -> str | None:
     return None
 
 
-Observer = Callable[..., None]  # (func, args, kwargs, out, as_is=True)
+Observer = Callable[..., None]  # (func, args, kwargs, out, as_is=True, kernel=None)
 
 
 class AccountingMode(TorchDispatchMode):
@@ -124,12 +125,12 @@ class AccountingMode(TorchDispatchMode):
         out, as_is = run_op(self, func, args, kwargs)
         if not as_is:
             return out
-        out = self.account(func, args, kwargs, out)
+        out, kernel = self.account(func, args, kwargs, out)
         if self.observer is not None:
-            self.observer(func, args, kwargs, out)
+            self.observer(func, args, kwargs, out, True, kernel)
         return out
 
-    def account(self, func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
+    def account(self, func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[Any, KernelMemory]:
         device = _op_device(args, out)
         rules = rules_for(func, device) if device is not None else ()
         kernel = (self.scratch.kernel(func, args, kwargs, out, rules, self.ctx) if device == self.ctx.device
@@ -150,7 +151,7 @@ class AccountingMode(TorchDispatchMode):
         if kernel.extra_out and new:
             self.tracker.grow(new[0], kernel.extra_out)
         self.tracker.transient(kernel.scratch)
-        return out
+        return out, kernel
 
 
 @contextmanager

@@ -16,6 +16,7 @@ from .dispatch import ScratchSource, Simulation, Target
 from .flops import BWD, FWD, LOSS
 from .memory import storage_bytes
 from .node import META_KEY, NodeProfile, NodeProfiler
+from .timing import machine
 
 __all__ = ["ModelProfile", "profile_graph"]
 
@@ -73,7 +74,7 @@ def profile_graph(gm: fx.GraphModule, args: tuple, kwargs: dict | None = None,
     fake_params = [sim.state[k] for k in params]
     fake_buffers = [sim.state[k] for k in buffers]
     state_uids = {sim.tracker.uid(t) for t in [*fake_params, *fake_buffers]}
-    profiler = NodeProfiler(gm, sim.tracker, state_uids)
+    profiler = NodeProfiler(gm, sim.tracker, state_uids, machine(sim.target.device.type, sim.target.threads))
     with sim.running(observer=profiler.observe):
         out = profiler.run(*sim.args) if not sim.kwargs else _run_kwargs(profiler, gm, sim.args, sim.kwargs)
         profiler.env.clear()  # the Interpreter keeps the output node's value; the real step does not

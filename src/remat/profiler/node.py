@@ -15,8 +15,12 @@ from torch import fx
 from torch.utils._pytree import tree_flatten
 
 from .flops import BWD, FWD, LOSS, FlopCounter
+from .dispatch import KernelMemory
 from .memory import StorageTracker
+from .registry import lookup
 from .rules import hidden_writes
+from .timing import Machine, roofline_seconds, tensor_bytes
+from .timing import machine as _machine
 from ..trace.modes import MODES_KEY, entered
 
 __all__ = ["NodeProfile", "NodeProfiler"]
@@ -57,6 +61,10 @@ class NodeProfile:
     tensor_out: bool = False  # the node's value holds a tensor (else: a size, an int, None, ...)
     random: bool = False  # draws random numbers (dropout): recomputing it must replay the RNG state
     shape: tuple[int, ...] | None = None  # a placeholder's tensor shape (the planned input shape)
+    fwd_time: float = 0.0  # predicted seconds of its forward ops (timing.py)
+    bwd_time: float = 0.0  # predicted seconds of its backward ops
+    keep_bytes: int = 0  # new outputs of its matmul/conv/attention ops: what a region saving those keeps
+    keep_time: float = 0.0  # seconds of those ops: what recomputing the node skips when they are kept
     # nodes whose storage this node writes in place (BatchNorm -> relu_): no cut may separate them
     writes_into: frozenset[str] = field(default=frozenset(), repr=False)
     # storage uids (StorageTracker), for stage-level accounting in chain.py
@@ -84,11 +92,20 @@ def _tensors(x: Any) -> list[torch.Tensor]:
     return [t for t in flat if isinstance(t, torch.Tensor)]
 
 
+def _new_output_bytes(args: tuple, out: Any) -> int:
+    """Bytes of the output storages that are not storages of the inputs."""
+    inputs = {id(t.untyped_storage()) for t in _tensors(args)}
+    return sum(st.nbytes() for st in {id(t.untyped_storage()): t.untyped_storage() for t in _tensors(out)}.values()
+               if id(st) not in inputs)
+
+
 class NodeProfiler(fx.Interpreter):
     """Runs one training step of ``gm`` on fake tensors and profiles every node."""
 
-    def __init__(self, gm: fx.GraphModule, tracker: StorageTracker, state_uids: set[int]) -> None:
+    def __init__(self, gm: fx.GraphModule, tracker: StorageTracker, state_uids: set[int],
+                 machine: Machine | None = None) -> None:
         super().__init__(gm, garbage_collect_values=True)
+        self.machine = machine or _machine("cpu", 1)
         self.tracker = tracker
         self.flops = FlopCounter()
         self.state_uids = state_uids  # parameters and buffers: never activations
@@ -104,22 +121,33 @@ class NodeProfiler(fx.Interpreter):
         self.grad_owner: dict[int, tuple[torch.Tensor, NodeProfile]] = {}
 
     # --- every op (called by the accounting mode after it) ---------------------------------------
-    def observe(self, func: Any, args: tuple, kwargs: dict, out: Any, as_is: bool = True) -> None:
-        """Count the op's FLOPs and note what it writes and draws, for the node running now.
-        ``as_is=False``: a composite op about to run as its parts (seen one by one after this)."""
+    def observe(self, func: Any, args: tuple, kwargs: dict, out: Any, as_is: bool = True,
+                kernel: KernelMemory | None = None) -> None:
+        """Count the op's FLOPs and time and note what it writes and draws, for the node running
+        now.  ``as_is=False``: a composite op about to run as its parts (seen one by one after this)."""
         prof = self.current
         if prof is not None and self.flops.phase == FWD and draws_random(func, args, kwargs):
             prof.random = True
         if not as_is:
             return
         flops = self.flops.count(func, args, kwargs, out)
+        if kernel is not None and kernel.seconds is not None:
+            seconds = kernel.seconds
+        else:
+            seconds = roofline_seconds(flops, tensor_bytes(args) + tensor_bytes(out), self.machine)
         if prof is None:
             self.unattributed[self.flops.phase] += flops
         elif self.flops.phase == FWD:
             prof.fwd_flops += flops
+            prof.fwd_time += seconds
             self.record_writes(prof, func, args)
+            found = lookup(func)
+            if found.formula is not None and found.formula.mac:
+                prof.keep_time += seconds
+                prof.keep_bytes += _new_output_bytes(args, out)
         elif self.flops.phase == BWD:
             prof.bwd_flops += flops
+            prof.bwd_time += seconds
 
     # --- forward -------------------------------------------------------------------------------
     def record_writes(self, prof: NodeProfile, func: Any, args: tuple) -> None:

@@ -6,20 +6,34 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Region", "Plan", "load_plan"]
+__all__ = ["Region", "Plan", "load_plan", "FULL", "SAVE_COMPUTE", "POLICIES"]
+
+
+# A region's recomputation options: FULL recomputes everything inside it; SAVE_COMPUTE keeps the
+# outputs of its matmul, convolution and attention ops (torch's selective checkpointing) and
+# recomputes only the cheap ops between them (norms, activations, dropout masks, views).
+FULL, SAVE_COMPUTE = "", "save-compute"
+POLICIES = (FULL, SAVE_COMPUTE)
 
 
 @dataclass(frozen=True)
 class Region:
-    """Stages [start, stop) run under one checkpoint; ``children`` are checkpointed inside it."""
+    """Stages [start, stop) run under one checkpoint; ``children`` are checkpointed inside it.
+
+    ``policy`` (SAVE_COMPUTE) keeps the expensive ops' outputs; such a region has no children."""
 
     start: int
     stop: int
     children: tuple["Region", ...] = ()
+    policy: str = FULL
 
     def __post_init__(self) -> None:
         if not 0 <= self.start < self.stop:
             raise ValueError(f"empty or negative region [{self.start}, {self.stop})")
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown region policy {self.policy!r}; one of {POLICIES}")
+        if self.policy != FULL and self.children:
+            raise ValueError("a region that keeps some outputs has no regions inside it")
         prev = self.start
         for child in self.children:
             if child.start < prev or child.stop > self.stop:
@@ -27,12 +41,12 @@ class Region:
             prev = child.stop
 
     def to_list(self) -> list[Any]:
-        return [self.start, self.stop, [c.to_list() for c in self.children]]
+        return [self.start, self.stop, [c.to_list() for c in self.children], *([self.policy] if self.policy else [])]
 
     @classmethod
     def from_list(cls, data: list[Any]) -> "Region":
-        start, stop, children = data
-        return cls(int(start), int(stop), tuple(cls.from_list(c) for c in children))
+        start, stop, children, *policy = data
+        return cls(int(start), int(stop), tuple(cls.from_list(c) for c in children), *policy)
 
 
 def validate_regions(regions: tuple[Region, ...] | list[Region], n_stages: int) -> None:
@@ -74,6 +88,10 @@ class Plan:
                      + (f"   ({'fits' if self.predicted_peak_bytes <= self.budget_bytes else 'OVER'})"
                         if self.budget_bytes is not None else ""))
         lines.append(f"recompute       {self.recompute_ratio:>12.1%} of the step's FLOPs")
+        if self.info.get("step_seconds"):
+            overhead = self.info.get("recompute_seconds", 0.0) / self.info["step_seconds"]
+            lines.append(f"predicted time  {overhead:>+12.1%} on the step (recomputation, from measured or "
+                         "roofline op times)")
         scratch = self.info.get("scratch")
         if scratch == "measured":
             lines.append(f"kernel scratch  measured on this machine ({self.info.get('threads')} threads; "
@@ -92,7 +110,8 @@ class Plan:
         def walk(regions: tuple[Region, ...], depth: int) -> None:
             for r in regions:
                 first, last = self.stages[r.start][0], self.stages[r.stop - 1][-1]
-                lines.append(f"{'  ' * depth}- checkpoint stages {r.start}..{r.stop - 1}: {first} .. {last}")
+                how = ", keeping matmul/conv/attention outputs" if r.policy == SAVE_COMPUTE else ""
+                lines.append(f"{'  ' * depth}- checkpoint stages {r.start}..{r.stop - 1}{how}: {first} .. {last}")
                 walk(r.children, depth + 1)
 
         walk(tuple(self.regions), 1)

@@ -6,13 +6,17 @@ This is the execution model of nested non-reentrant ``torch.utils.checkpoint`` o
 * forward of a stage outside any region keeps ``xbar`` (its saved tensors and output);
 * a region's forward keeps only its output: inside, each stage holds its input and peaks at
   ``fdis`` above it while it runs, and intermediate outputs are freed at once;
+* a region that keeps its expensive ops' outputs (policy SAVE_COMPUTE, torch's selective
+  checkpointing) also keeps each stage's ``keep`` bytes through the forward; its recomputation runs
+  every stage kept (no regions inside), reusing those outputs, and costs only ``t - keep_time``;
 * the backward of a region first releases its output, re-runs the region's contents with autograd
   (children regions again keep only their outputs), then runs their backward in reverse;
 * the backward of a stage needs ``xbar`` and the gradient of its output, produces the gradient of
   its input (``x`` bytes) and its parameter gradients (``g``), which stay to the end of the step.
 
-The simulator is written independently of the dynamic program in rotor.py; the tests check the
-DP's optimum against an exhaustive search evaluated here.
+The cost solvers minimize is recomputation time (``t``, predicted seconds); FLOPs (``f``) are
+reported.  The simulator is written independently of the dynamic program in rotor.py; the tests
+check the DP's optimum against an exhaustive search evaluated here.
 """
 from __future__ import annotations
 
@@ -20,14 +24,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 from ..chain import Chain, Stage
-from .base import Region
+from .base import FULL, Region
 
-__all__ = ["Cost", "ChainModel", "evaluate", "recompute_flops"]
+__all__ = ["Cost", "ChainModel", "evaluate", "recompute_flops", "recompute_time"]
 
 
 @dataclass(frozen=True)
 class ChainModel:
-    """Sizes and FLOPs per stage, as plain tuples (bytes, or slots once discretized)."""
+    """Sizes, FLOPs and times per stage, as plain tuples (bytes, or slots once discretized)."""
 
     f: tuple[int, ...]  # forward FLOPs
     x: tuple[int, ...]  # input bytes (gradient of the input has the same size)
@@ -39,11 +43,17 @@ class ChainModel:
     fdis: tuple[int, ...]  # forward peak with nothing saved, output included (above the input)
     skip: tuple[int, ...] = ()  # bytes of a block's input also flowing over the stage's output cut
     skip_from: tuple[int, ...] = ()  # the stage that produced it (-1: none)
+    t: tuple[float, ...] = ()  # forward seconds (defaults to the FLOPs: one FLOP, one unit)
+    keep: tuple[int, ...] = ()  # bytes a SAVE_COMPUTE region keeps of this stage
+    keep_time: tuple[float, ...] = ()  # seconds a SAVE_COMPUTE recomputation skips
 
     def __post_init__(self) -> None:
-        if not self.skip:
-            object.__setattr__(self, "skip", (0,) * len(self.f))
-            object.__setattr__(self, "skip_from", (-1,) * len(self.f))
+        n = len(self.f)
+        defaults = {"skip": (0,) * n, "skip_from": (-1,) * n, "t": tuple(float(v) for v in self.f),
+                    "keep": (0,) * n, "keep_time": (0.0,) * n}
+        for name, value in defaults.items():
+            if not getattr(self, name):
+                object.__setattr__(self, name, value)
 
     @classmethod
     def from_chain(cls, chain: Chain) -> "ChainModel":
@@ -51,7 +61,8 @@ class ChainModel:
         return cls(tuple(st.fwd_flops for st in s), tuple(st.x for st in s), tuple(st.y for st in s),
                    tuple(st.xbar for st in s), tuple(st.ftmp for st in s), tuple(st.btmp for st in s),
                    tuple(st.g for st in s), tuple(st.fdis for st in s), tuple(st.skip for st in s),
-                   tuple(st.skip_from for st in s))
+                   tuple(st.skip_from for st in s), tuple(st.fwd_time for st in s), tuple(st.keep for st in s),
+                   tuple(st.keep_time for st in s))
 
     def __len__(self) -> int:
         return len(self.f)
@@ -64,13 +75,14 @@ class ChainModel:
         """
         where = {i: g for g, (a, b) in enumerate(groups) for i in range(a, b)}
 
-        def merge(a: int, b: int) -> dict[str, int]:
+        def merge(a: int, b: int) -> dict[str, int | float]:
             return dict(
                 f=sum(self.f[a:b]), x=self.x[a], y=self.y[b - 1], xbar=sum(self.xbar[a:b]),
                 ftmp=max(self.ftmp[a:b]), btmp=max(self.btmp[a:b]) + sum(self.g[a:b]), g=sum(self.g[a:b]),
                 fdis=max(self.fdis[a:b]) + max(self.y[a:b]) + max(self.skip[a:b]), skip=self.skip[b - 1],
                 # skip producers are indices of this model: map them to merged stages
-                skip_from=where.get(self.skip_from[b - 1], -1) if self.skip_from[b - 1] >= 0 else -1)
+                skip_from=where.get(self.skip_from[b - 1], -1) if self.skip_from[b - 1] >= 0 else -1,
+                t=sum(self.t[a:b]), keep=sum(self.keep[a:b]), keep_time=sum(self.keep_time[a:b]))
 
         rows = [merge(a, b) for a, b in groups]
         return ChainModel(**{f.name: tuple(r[f.name] for r in rows) for f in fields(self)})
@@ -84,18 +96,33 @@ class ChainModel:
         value flowing over the same cut if the region produced it."""
         return self.y[i] + (self.skip[i] if self.skip_from[i] >= start else 0)
 
+    def recompute_seconds(self, i: int, policy: str) -> float:
+        """What recomputing stage i costs in a region with ``policy``."""
+        return self.t[i] if policy == FULL else max(0.0, self.t[i] - self.keep_time[i])
+
 
 @dataclass(frozen=True)
 class Cost:
     peak: int  # highest memory above the resident bytes
-    recompute: int  # forward FLOPs run again in the backward
+    recompute: float  # forward time run again in the backward (seconds, or FLOPs for a FLOP-timed model)
 
 
 def recompute_flops(model: ChainModel, regions: Sequence[Region]) -> int:
-    """Each stage runs once more per region that contains it."""
+    """FLOPs run again: each stage once more per region that contains it (SAVE_COMPUTE regions
+    count their stages' FLOPs too: their cheap ops are recomputed, not their matmuls)."""
     total = 0
     for r in regions:
         total += sum(model.f[r.start:r.stop]) + recompute_flops(model, r.children)
+    return total
+
+
+def recompute_time(model: ChainModel, regions: Sequence[Region]) -> float:
+    """Seconds run again: each stage once more per region that contains it, minus what a
+    SAVE_COMPUTE region keeps."""
+    total = 0.0
+    for r in regions:
+        total += sum(model.recompute_seconds(i, r.policy) for i in range(r.start, r.stop))
+        total += recompute_time(model, r.children)
     return total
 
 
@@ -123,9 +150,12 @@ class _Machine:
         for item in items:
             if isinstance(item, Region):
                 held = 0  # what the region holds between its stages (nothing saved)
+                kept = 0  # what a SAVE_COMPUTE region keeps of its stages so far
                 for i in range(item.start, item.stop):
-                    self._touch(held + m.fdis[i])
-                    self.cur += m.out(item.start, i) - held
+                    if item.policy != FULL:
+                        kept += m.keep[i]
+                    self._touch(held + kept + m.fdis[i])
+                    self.cur += m.out(item.start, i) - held + (m.keep[i] if item.policy != FULL else 0)
                     held = m.out(item.start, i)
             else:
                 self._touch(m.ftmp[item] + m.xbar[item])
@@ -136,6 +166,8 @@ class _Machine:
         for item in reversed(items):
             if isinstance(item, Region):
                 self.cur -= m.out(item.start, item.stop - 1)  # the region's output is recomputed
+                if item.policy != FULL:  # the kept outputs become part of the stages' xbar again
+                    self.cur -= sum(m.keep[item.start:item.stop])
                 inner = self.items(item.start, item.stop, item.children)
                 self.forward(inner)
                 self.backward(inner)
@@ -145,9 +177,9 @@ class _Machine:
 
 
 def evaluate(model: ChainModel, regions: Sequence[Region]) -> Cost:
-    """Peak memory (above resident) and recomputation of a plan under the model."""
+    """Peak memory (above resident) and recomputation time of a plan under the model."""
     machine = _Machine(model)
     top = machine.items(0, len(model), regions)
     machine.forward(top)
     machine.backward(top)
-    return Cost(machine.peak, recompute_flops(model, regions))
+    return Cost(machine.peak, recompute_time(model, regions))

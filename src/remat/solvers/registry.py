@@ -30,6 +30,7 @@ class SolveSettings:
 
     slots: int = DEFAULT_SLOTS
     retry: bool = True  # rotor: solve once more at 4x the slots when the table finds nothing
+    selective: bool = True  # solvers with options: also regions that keep their expensive ops' outputs
 
 
 RegionsFn = Callable[["ChainModel", int, SolveSettings], "tuple[Region, ...] | None"]
@@ -78,7 +79,7 @@ def _greedy_floor(model: ChainModel, settings: SolveSettings) -> int:
 def _rotor(model: ChainModel, limit: int, settings: SolveSettings) -> tuple[Region, ...] | None:
     from .rotor import solve_rotor
 
-    return solve_rotor(model, limit, settings.slots, settings.retry)
+    return solve_rotor(model, limit, settings.slots, settings.retry, settings.selective)
 
 
 def _rotor_floor(model: ChainModel, settings: SolveSettings) -> int:
@@ -86,14 +87,15 @@ def _rotor_floor(model: ChainModel, settings: SolveSettings) -> int:
     from .rotor import solve_table
 
     top = evaluate(model, ()).peak
-    table = solve_table(model, max(top, 1), settings.slots)
+    table = solve_table(model, max(top, 1), settings.slots, settings.selective)
     m = table.min_feasible_slot()
     return top if m is None else int(m * table.slot)
 
 
 SOLVERS: dict[str, Solver] = {s.name: s for s in (
-    Solver("rotor", _rotor, budgeted=True, optimal=True, floor=_rotor_floor,
-           help="optimal nested regions under the budget (dynamic program, Beaumont et al. 2019); the default"),
+    Solver("rotor", _rotor, budgeted=True, optimal=True, floor=_rotor_floor, options=True,
+           help="optimal nested regions under the budget (dynamic program, Beaumont et al. 2019), each "
+                "recomputing everything or keeping its matmul/conv/attention outputs; the default"),
     Solver("chen-greedy", _greedy, budgeted=True, optimal=False, floor=_greedy_floor,
            help="Chen et al. 2016's greedy segments: one level of regions, the least recompute that fits"),
     Solver("chen-sqrtn", _sqrtn, budgeted=False, optimal=False,

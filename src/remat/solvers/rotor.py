@@ -1,12 +1,16 @@
-"""Rotor: the optimal persistent checkpointing schedule of a chain (Beaumont et al., 2019).
+"""Rotor: the optimal persistent checkpointing schedule of a chain (Beaumont et al., 2019), with
+selective regions.
 
-``C[s, t, m]`` is the least forward work to run stages s..t forward and then backward, given
-their input and the gradient of stage t's output in memory and ``m`` memory slots above that.
-Two choices at each step:
+``C[s, t, m]`` is the least forward time to run stages s..t forward and then backward, given their
+input and the gradient of stage t's output in memory and ``m`` memory slots above that.  Three
+choices at each step:
 
 * keep everything of stage s (``xbar``), then solve s+1..t with what is left, then run B_s;
 * checkpoint a segment s..k-1: run it keeping only its output, solve k..t, then free the output
-  and solve s..k-1 again (a nested region whose own structure is that sub-solution).
+  and solve s..k-1 again (a nested region whose own structure is that sub-solution);
+* checkpoint s..k-1 keeping its expensive ops' outputs (SAVE_COMPUTE, torch's selective
+  checkpointing): its forward also keeps those (``keep``), k..t is solved with them held, and its
+  recomputation runs s..k-1 with everything kept, at the cost of the cheap ops only.
 
 The table is filled by increasing chain length, vectorized over the start stage, the split point
 and the memory slots (torch tensors, CPU).  A separate pass rebuilds the nested regions.  Memory is
@@ -20,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Region
+from .base import FULL, SAVE_COMPUTE, Region
 from .model import ChainModel, evaluate
 from .registry import DEFAULT_SLOTS
 
@@ -31,11 +35,13 @@ INF = float("inf")
 
 @dataclass
 class RotorTable:
-    cost: torch.Tensor  # (L, L, n_slots+1) float64: forward work, inf when infeasible
-    what: torch.Tensor  # (L, L, n_slots+1) int32: 0 keep stage s, k > 0 checkpoint s..k-1
+    cost: torch.Tensor  # (L, L, S+1) float32: forward time, inf when infeasible
+    what: torch.Tensor  # (L, L, S+1) int32: 0 keep stage s, k > 0 checkpoint s..k-1
+    selective: torch.Tensor  # (L, L, S+1) bool: that checkpoint keeps its expensive ops' outputs
     slot: float  # bytes per memory slot
     x_slots: torch.Tensor  # xbar of each stage, in slots (for the rebuild)
     out_slots: torch.Tensor  # (L, L): [s, k-1] what a region s..k-1 holds, in slots
+    sel_slots: torch.Tensor  # (L, L): [s, k-1] what a selective region s..k-1 holds, in slots
     credit: torch.Tensor  # (L, L): slots credited to the recomputation of s..k-1 (indexed [k, t])
     model: ChainModel
 
@@ -53,26 +59,44 @@ def _floor(t: torch.Tensor, slot: float) -> torch.Tensor:
     return torch.floor(t / slot + 1e-9).to(torch.int64)
 
 
-def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS) -> RotorTable:
-    """Fill the DP table for ``memory`` bytes (above resident) split into ``slots`` slots."""
+def _keep_all_need(x_slots: torch.Tensor, fwd_keep: torch.Tensor, bwd_after: torch.Tensor,
+                   bwd_alone: torch.Tensor) -> torch.Tensor:
+    """need[s, t]: slots the schedule keeping every stage of s..t needs (the recursion of the
+    keep option: stage s's forward and backward, and x_slots[s] less for s+1..t)."""
+    n = len(x_slots)
+    need = torch.full((n, n), 1 << 40, dtype=torch.int64)
+    idx = torch.arange(n)
+    need[idx, idx] = torch.maximum(fwd_keep, bwd_alone)
+    for d in range(1, n):
+        s = torch.arange(n - d)
+        t = s + d
+        need[s, t] = torch.maximum(torch.maximum(fwd_keep[s], bwd_after[s, t]), x_slots[s] + need[s + 1, t])
+    return need
+
+
+def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, selective: bool = True) -> RotorTable:
+    """Fill the DP table for ``memory`` bytes (above resident) split into ``slots`` slots;
+    ``selective``: also consider regions that keep their expensive ops' outputs."""
     n = len(model)
     n_slots = slots
     slot = max(memory, 1) / n_slots
     d64 = torch.float64
     dc = torch.float32  # the table itself: half the memory traffic of float64
-    f = torch.tensor(model.f, dtype=d64)
-    x = torch.tensor(model.x, dtype=d64)
-    y = torch.tensor(model.y, dtype=d64)
-    xbar = torch.tensor(model.xbar, dtype=d64)
-    ftmp = torch.tensor(model.ftmp, dtype=d64)
-    btmp = torch.tensor(model.btmp, dtype=d64)
-    g = torch.tensor(model.g, dtype=d64)
-    fdis = torch.tensor(model.fdis, dtype=d64)
-    skip = torch.tensor(model.skip, dtype=d64)
+
+    def col(values) -> torch.Tensor:
+        return torch.tensor(values, dtype=d64)
+
+    t_fwd, x, y, xbar = col(model.t), col(model.x), col(model.y), col(model.xbar)
+    ftmp, btmp, g, fdis, skip = col(model.ftmp), col(model.btmp), col(model.g), col(model.fdis), col(model.skip)
+    keep = col(model.keep)
+    t_sel = col([model.recompute_seconds(i, SAVE_COMPUTE) for i in range(n)])
     skip_from = torch.tensor(model.skip_from)
-    delta = torch.tensor([model.delta(i) for i in range(n)], dtype=d64)
-    pf = torch.cat([torch.zeros(1, dtype=d64), torch.cumsum(f, 0)])  # forward work of s..k-1: pf[k]-pf[s]
-    pg = torch.cat([torch.zeros(1, dtype=d64), torch.cumsum(g, 0)])  # grads of k..t: pg[t+1]-pg[k]
+    delta = col([model.delta(i) for i in range(n)])
+
+    def prefix(v: torch.Tensor) -> torch.Tensor:
+        return torch.cat([torch.zeros(1, dtype=d64), torch.cumsum(v, 0)])
+
+    pf, pg, pk, ps = prefix(t_fwd), prefix(g), prefix(keep), prefix(t_sel)  # sums over s..k-1: p[k] - p[s]
 
     idx = torch.arange(n)
     s_idx, t_idx = idx[:, None], idx[None, :]
@@ -86,23 +110,29 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS) -> R
     held = y[None, :] + torch.where(skip_from[None, :] >= s_idx, skip[None, :], 0.0)
     # discard forward of s..k-1: peak over its stages of (what it holds before) + fdis
     before = torch.cat([torch.zeros((n, 1), dtype=d64), held[:, :-1]], dim=1)
-    w = fdis[None, :] + torch.where(t_idx > s_idx, before, 0.0)
-    w = torch.where(t_idx >= s_idx, w, -INF)
+    inside = t_idx >= s_idx
+    w = torch.where(inside, fdis[None, :] + torch.where(t_idx > s_idx, before, 0.0), -INF)
     disc = _ceil(torch.cummax(w, dim=1).values, slot)  # disc[s, k-1]: segment s..k-1
+    # a selective region also holds what its stages s..i keep
+    kept = torch.where(inside, pk[1:][None, :] - pk[:-1][:, None], 0.0)  # kept[s, i]: keep of s..i
+    sel_disc = _ceil(torch.cummax(torch.where(inside, w + kept, -INF), dim=1).values, slot)
     # memory credited to the recomputation of s..k-1 once k..t is done (indexed [k, t])
     credit = _floor(delta[None, :] - x[:, None] - (pg[1:][None, :] - pg[:-1][:, None]), slot)
     x_slots = _ceil(xbar, slot)
     out_slots = _ceil(held, slot)
+    sel_slots = _ceil(held + kept, slot)
+    need = _keep_all_need(x_slots, fwd_keep, bwd_after, bwd_alone)  # [s, k-1]: recomputing s..k-1 kept
 
-    # Padded rows: padded[s, t, n_slots+1 + m] = C[s, t, m].  Left of it n_slots+1 columns of inf (not enough
-    # memory), right of it n_slots+1 copies of C[s, t, n_slots] (more memory than the table holds helps no
-    # further).  Every shifted read "C[k, t, m - c] for all m" is then one contiguous slice of a
+    # Padded rows: padded[s, t, n_slots+1 + m] = C[s, t, m].  Left of it n_slots+1 columns of inf (not
+    # enough memory), right of it n_slots+1 copies of C[s, t, n_slots] (more memory than the table holds
+    # helps no further).  Every shifted read "C[k, t, m - c] for all m" is then one contiguous slice of a
     # row, taken through an unfold view without building per-element indices.
-    fc, pfc = f.to(dc), pf.to(dc)
+    fc, pfc, psc = t_fwd.to(dc), pf.to(dc), ps.to(dc)
     width = n_slots + 1
     padded = torch.full((n, n, 3 * width), INF, dtype=dc)
     window = padded.unfold(2, width, 1)  # window[s, t, o] = padded[s, t, o:o+width]
     what = torch.zeros((n, n, width), dtype=torch.int32)
+    chosen_sel = torch.zeros((n, n, width), dtype=torch.bool)
     m = torch.arange(width)
     mid = slice(width, 2 * width)
 
@@ -113,6 +143,7 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS) -> R
     ok = (fwd_keep[:, None] <= m) & (bwd_alone[:, None] <= m)
     store(idx, idx, torch.where(ok, fc[:, None], INF))
     out_start = (width - out_slots).clamp(0, 2 * width)  # slice start of C[., ., m - held[s, k-1]]
+    sel_start = (width - sel_slots).clamp(0, 2 * width)
     x_start = (width - x_slots).clamp(0, 2 * width)
     credit_start = (width + credit).clamp(0, 2 * width)
     for d in range(1, n):
@@ -125,16 +156,33 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS) -> R
         # option 2: checkpoint s..k-1 for k in s+1..t  -> shape (len(s), d, width)
         k = s[:, None] + torch.arange(1, d + 1)[None, :]
         tt = t[:, None].expand_as(k)
-        sub1 = window[k, tt, out_start[s[:, None].expand_as(k), k - 1]]
-        sub2 = window[s[:, None].expand_as(k), k - 1, credit_start[k, tt]]
-        opt2 = sub1.add_(sub2).add_((pfc[k] - pfc[s][:, None])[..., None])
-        opt2.masked_fill_(disc[s[:, None], k - 1][..., None] > m, INF)
+        ss = s[:, None].expand_as(k)
+        first_forward = (pfc[k] - pfc[s][:, None])[..., None]
+        sub1 = window[k, tt, out_start[ss, k - 1]]
+        sub2 = window[ss, k - 1, credit_start[k, tt]]
+        opt2 = sub1.add(sub2).add_(first_forward)
+        opt2.masked_fill_(disc[ss, k - 1][..., None] > m, INF)
         v2, arg2 = opt2.min(dim=1)
         better = v2 < best
-        store(s, t, torch.where(better, v2, best))
-        what[s, t] = torch.where(better, (s[:, None] + 1 + arg2).to(torch.int32), 0)
+        value = torch.where(better, v2, best)
+        choice = torch.where(better, (s[:, None] + 1 + arg2).to(torch.int32), 0)
+        sel = torch.zeros_like(better)
+        if selective:
+            # option 3: the same, keeping the expensive ops' outputs; s..k-1 is then recomputed
+            # with everything kept (it must fit once k..t is done), costing only the cheap ops
+            sub3 = window[k, tt, sel_start[ss, k - 1]]
+            opt3 = sub3.add(first_forward).add_((psc[k] - psc[s][:, None])[..., None])
+            room = (m[None, None, :] + credit[k, tt][..., None]).clamp(max=n_slots)
+            opt3.masked_fill_((sel_disc[ss, k - 1][..., None] > m) | (need[ss, k - 1][..., None] > room), INF)
+            v3, arg3 = opt3.min(dim=1)
+            sel = v3 < value
+            value = torch.where(sel, v3, value)
+            choice = torch.where(sel, (s[:, None] + 1 + arg3).to(torch.int32), choice)
+        store(s, t, value)
+        what[s, t] = choice
+        chosen_sel[s, t] = sel
     cost = padded[:, :, mid]
-    return RotorTable(cost, what, slot, x_slots, out_slots, credit, model)
+    return RotorTable(cost, what, chosen_sel, slot, x_slots, out_slots, sel_slots, credit, model)
 
 
 def rotor_regions(table: RotorTable, m: int | None = None) -> tuple[Region, ...] | None:
@@ -155,16 +203,21 @@ def rotor_regions(table: RotorTable, m: int | None = None) -> tuple[Region, ...]
                 m -= int(table.x_slots[s])
                 s += 1
                 continue
-            m2 = min(n_slots, m + int(table.credit[k, t]))
-            out.append(Region(s, k, tuple(build(s, k - 1, m2))))
-            m -= int(table.out_slots[s, k - 1])
+            if bool(table.selective[s, t, m]):
+                out.append(Region(s, k, (), SAVE_COMPUTE))
+                m -= int(table.sel_slots[s, k - 1])
+            else:
+                m2 = min(n_slots, m + int(table.credit[k, t]))
+                out.append(Region(s, k, tuple(build(s, k - 1, m2)), FULL))
+                m -= int(table.out_slots[s, k - 1])
             s = k
         return out
 
     return tuple(build(0, n - 1, m))
 
 
-def solve_rotor(model: ChainModel, limit: int, slots: int = DEFAULT_SLOTS, retry: bool = True) -> tuple[Region, ...] | None:
+def solve_rotor(model: ChainModel, limit: int, slots: int = DEFAULT_SLOTS, retry: bool = True,
+                selective: bool = True) -> tuple[Region, ...] | None:
     """The rotor plan for ``limit`` bytes: nothing when everything fits, else the DP's optimum.
 
     Sizes are rounded up to slots, so near the smallest feasible memory the table can miss a
@@ -175,7 +228,7 @@ def solve_rotor(model: ChainModel, limit: int, slots: int = DEFAULT_SLOTS, retry
         return ()
     if limit <= 0:
         return None
-    regions = rotor_regions(solve_table(model, limit, slots))
+    regions = rotor_regions(solve_table(model, limit, slots, selective))
     if regions is None and retry:
-        regions = rotor_regions(solve_table(model, limit, 4 * slots))
+        regions = rotor_regions(solve_table(model, limit, 4 * slots, selective))
     return regions

@@ -10,7 +10,7 @@ values, the buffers after the step.
 
 The model's own ``torch.utils.checkpoint`` calls run inline in the reference step: they do not
 change what is computed, except that recomputation updates BatchNorm statistics a second time,
-which remat's modules never do (``runtime.freeze_state``).
+which remat's modules never do (``runtime.context``).
 """
 from __future__ import annotations
 

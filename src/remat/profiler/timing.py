@@ -1,0 +1,99 @@
+"""Predicted op times: what recomputing an op costs, for the solvers.
+
+FLOPs are a poor proxy for time: recomputing a norm or an activation costs memory traffic, not
+arithmetic.  An op's time is measured on the planning machine when its memory is (calibrate.py
+times the op once more, outside the profiler), else estimated with a roofline: the larger of its
+FLOPs at the machine's matmul rate and the bytes it reads and writes at the machine's copy
+bandwidth, plus a per-op overhead.  The three machine numbers are measured once per (device type,
+torch version, threads) and cached next to the kernel measurements.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["Machine", "machine", "roofline_seconds", "tensor_bytes"]
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The rates an op's time is estimated from."""
+
+    flops_per_s: float  # dense matmul throughput
+    bytes_per_s: float  # memory bandwidth of a large copy (read + write counted)
+    overhead_s: float  # time of a trivial op (dispatch and launch)
+    source: str  # "measured" on this machine, or where the numbers come from
+
+
+# A device remat cannot run here (a GPU planned from a CPU-only machine): nominal numbers of an
+# H100 SXM (NVIDIA's data sheet: 67 TFLOP/s FP32 / 495 TFLOP/s TF32 dense, 3.35 TB/s) with a few
+# microseconds per launch. Only the ratios matter to the solvers.
+_NOMINAL = {"cuda": Machine(100e12, 3.0e12, 5e-6, "nominal: NVIDIA H100 SXM data sheet")}
+
+
+def _best_of(fn, repeat: int = 5) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _measure_cpu(threads: int) -> Machine:
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, b = torch.rand(1024, 1024), torch.rand(1024, 1024)
+        flops = 2 * 1024**3 / _best_of(lambda: torch.mm(a, b))
+        big = torch.empty(16 * 2**20 // 4)
+        out = torch.empty_like(big)
+        bandwidth = 2 * big.numel() * 4 / _best_of(lambda: out.copy_(big))
+        tiny = torch.ones(1)
+        overhead = _best_of(lambda: torch.add(tiny, tiny), repeat=50)
+    finally:
+        torch.set_num_threads(before)
+    return Machine(flops, bandwidth, overhead, "measured")
+
+
+@functools.lru_cache(maxsize=None)
+def machine(device: str, threads: int) -> Machine:
+    """The machine numbers for ``device`` ("cpu": measured here once and cached on disk)."""
+    if device != "cpu":
+        return _NOMINAL.get(device, _NOMINAL["cuda"])
+    from .calibrate import cache_dir
+
+    path = cache_dir() / f"machine-cpu-torch{torch.__version__}-threads{threads}.json".replace("+", "_")
+    try:
+        return Machine(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        pass
+    found = _measure_cpu(threads)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(found)))
+    except OSError:
+        pass
+    return found
+
+
+def tensor_bytes(x: Any) -> int:
+    """Bytes of every tensor in ``x`` (nested tuples and lists included)."""
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    if isinstance(x, (tuple, list)):
+        return sum(tensor_bytes(y) for y in x)
+    if isinstance(x, dict):
+        return sum(tensor_bytes(y) for y in x.values())
+    return 0
+
+
+def roofline_seconds(flops: int, moved_bytes: int, m: Machine) -> float:
+    """An op's time by the roofline: the slower of its arithmetic and its memory traffic."""
+    return max(flops / m.flops_per_s, moved_bytes / m.bytes_per_s) + m.overhead_s
+
