@@ -168,8 +168,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     problem = prepare(work.model, work.inputs, work.kwargs, work.shared_inputs,
                       world_size=args.world_size, sharding=args.sharding)
-    budget: Budget | None = args.budget if solver.budgeted else None
-    if budget is not None and not budget.minimum:
+    budget: Budget = args.budget  # a fixed solver's plan is checked against it too
+    if solver.budgeted and not budget.minimum:
         budget_bytes = budget.resolve(problem.fixed, problem.unconstrained)
         floor = _early_floor(problem, args.solver, args.slots) if budget_bytes < problem.unconstrained else None
         log.debug("budget %d bytes, early floor %s", budget_bytes, floor)
@@ -178,10 +178,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                                                 verified=False))
     settings = SolveSettings(slots=args.slots)
     try:
-        with progress.step("plan", f"{args.solver}, budget {budget}" if budget else args.solver):
+        with progress.step("plan", f"{args.solver}, budget {budget}"):
             gm, plan = plan_problem(problem, args.solver, budget, settings)
     except InfeasibleBudget as e:
-        if e.min_bytes is None or budget is None or budget.minimum:
+        if e.min_bytes is None or budget.minimum or not solver.budgeted:
             raise
         budget_bytes = budget.resolve(problem.fixed, problem.unconstrained)
         raise InfeasibleBudget(_below_floor(work, args, budget_bytes, e.min_bytes, problem.fixed,
