@@ -1,7 +1,7 @@
 """FSDP2 planning checked against real per-process peaks: 2 CPU processes (gloo), one step each.
 
 For each budget: plan one process with ``remat.checkpoint(..., world_size=2, sharding="fsdp")``,
-shard with ``remat.fully_shard``, measure the step's peak in every process (DESIGN.md's definition,
+shard with ``remat.fully_shard``, measure the step's peak in every process (docs/design.md's definition,
 CPU allocator events; resident = this process's parameter shards, buffers and inputs) and compare
 it with the per-process budget.  The unsharded plan of the same per-process batch is the baseline.
 Writes benchmarks/results/fsdp.md.

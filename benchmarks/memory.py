@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     header = ["model", "frontend", "predicted peak", "measured peak", "error", "saved activations",
               "parameters", "fwd FLOPs", "bwd FLOPs", "profile s"]
     sections = [
-        f"Batch {args.batch}, CPU. Peak as DESIGN.md defines it: resident bytes (parameters, buffers, inputs) plus "
+        f"Batch {args.batch}, CPU. Peak as docs/design.md defines it: resident bytes (parameters, buffers, inputs) plus "
         "the highest allocation above them during `out = model(x); loss = sum(out.float().sum()); "
         "loss.backward()`. Measured from the CPU allocator's own events (torch.profiler, profile_memory=True) "
         "after one warm-up step; predicted on fake tensors by `remat.profile` (no real memory). "

@@ -3,7 +3,7 @@
 Systems, per model: no checkpoint; every block checkpointed by hand (torch.utils.checkpoint around
 each residual block / transformer layer, non-reentrant, as HF's gradient_checkpointing_enable does);
 torch.compile (inductor, CPU) at activation_memory_budget 0.0..1.0; remat rotor and chen-greedy at
-budgets 0.2..1.0, and remat's rotor plans under torch.compile (the same regions, fused kernels). For each: the measured peak of one training step (DESIGN.md, CPU allocator events),
+budgets 0.2..1.0, and remat's rotor plans under torch.compile (the same regions, fused kernels). For each: the measured peak of one training step (docs/design.md, CPU allocator events),
 the step time as a ratio to no checkpointing (medians of --steps steps each, timed in alternation),
 compile/plan time separately, and recompute FLOPs where they are known. Writes
 benchmarks/results/peers.md and peers_<model>.png (measured peak vs step-time ratio).

@@ -1,7 +1,7 @@
 """Solvers side by side: model x budget x solver, predicted vs measured peak, recompute, solve time.
 
 Models: resnet50 (batch 4), densenet121 (batch 2), vit_b_16 (batch 2 and 16), a GPT-2 config
-(4 layers, width 256, batch 4, seq 256). Budgets are DESIGN.md fractions. Every plan is measured on
+(4 layers, width 256, batch 4, seq 256). Budgets are docs/design.md fractions. Every plan is measured on
 a real CPU step. Also: resnet50 at batch 32 (activation memory reduction at <= one extra forward),
 the rotor DP timing (100 stages x 500 slots), and a Pareto sweep plot per model.
 Writes benchmarks/results/solvers.md and benchmarks/results/sweep_*.png.
@@ -132,7 +132,7 @@ def main(argv=None) -> int:
     header = ["model", "budget", "solver", "budget bytes", "predicted peak", "measured peak", "fits", "recompute",
               "solve s"]
     sections = [
-        "Budgets are DESIGN.md fractions of what checkpointing can save: budget = fixed + f x (unconstrained - "
+        "Budgets are docs/design.md fractions of what checkpointing can save: budget = fixed + f x (unconstrained - "
         "fixed), fixed = parameters + buffers + inputs + one gradient per parameter. Predicted peaks come from "
         "simulating the generated module on fake tensors; measured peaks from one real CPU step (allocator "
         "events). Recompute is the forward work run again, as a share of the step's FLOPs. 'none' rows show "

@@ -146,7 +146,7 @@ def main(argv=None) -> int:
     header = ["model", "batch", "frontend", "stages", "budget MiB", "predicted MiB", "measured MiB", "error", "fits",
               "same grads", "recompute", "s", "result"]
     write_result("zoo.md", "Model coverage: plan at budget 0.5, train one step, compare",
-                 [f"Rotor at budget {args.budget} (DESIGN.md fraction), CPU, batch {args.batch}; where checkpointing "
+                 [f"Rotor at budget {args.budget} (docs/design.md fraction), CPU, batch {args.batch}; where checkpointing "
                   f"cannot reach the budget at that batch (the peak is set by parameters and their gradients or by "
                   f"one op's backward), batch {args.big_batch}. {passed}/{len(rows)} pass (same outputs, gradients "
                   "and buffers as the original model within 1e-5/1e-4, and measured peak <= budget). An "

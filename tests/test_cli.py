@@ -1,5 +1,6 @@
 """The remat command, end to end on small models."""
 import json
+import re
 
 import pytest
 
@@ -52,3 +53,41 @@ def test_plan_for_fsdp_shows_the_per_process_plan(capsys):
     assert "process group" in capsys.readouterr().err
     assert main(["plan", "mlp", "--batch", "2", "--world-size", "4"]) == 2
     assert "sharding='fsdp'" in capsys.readouterr().err
+
+
+_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+
+
+def _bytes(cells: list[str]) -> int:
+    """'2.00', 'MiB' -> bytes (a table cell split on spaces)."""
+    return int(float(cells[0]) * _UNITS[cells[1]])
+
+
+@pytest.mark.slow
+def test_profile_explains_its_columns_and_top_sorts_as_its_help_says(run_remat):
+    done = run_remat("profile", "mlp", "--batch", "1", "--top", "5")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("node"))
+    rows = lines[header + 2:header + 7]
+    kept = []
+    for row in rows:
+        cells = row.split()[4:]  # node, op, fwd FLOPs, bwd FLOPs, then five sizes of two cells each
+        kept.append(sum(_bytes(cells[2 * i:2 * i + 2]) for i in range(3)))  # fwd_in + fwd_tmp + fwd_out
+    assert len(kept) == 5 and kept == sorted(kept, reverse=True) and kept[0] > 0
+    legend = "\n".join(lines[header + 8:])
+    for column in ("fwd_in", "fwd_tmp", "fwd_out", "bwd_tmp", "bwd_out"):
+        assert re.search(rf"^\s+{column}\s+\w+ \w+", legend, re.M), f"{column} is not explained"
+    help_text = run_remat("profile", "--help").stdout
+    assert "fwd_in + fwd_tmp +" in help_text and "largest first" in help_text
+
+
+@pytest.mark.slow
+def test_an_infeasible_fraction_offers_the_floor_and_min_plans_there(run_remat):
+    done = run_remat("plan", "mlp", "--batch", "2", "--budget", "5%")
+    assert done.returncode == 1 and done.stdout == "", done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert "below what checkpointing can reach for mlp at batch 2" in done.stderr and "--budget min" in done.stderr
+    done = run_remat("plan", "mlp", "--batch", "2", "--budget", "min")
+    assert done.returncode == 0, done.stderr
+    assert "(fits)" in done.stdout and "unconstrained " in done.stdout and ": the graph cut into" in done.stdout

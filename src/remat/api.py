@@ -1,4 +1,4 @@
-"""The public entry points (DESIGN.md's contract): profile, count_flops, measure_peak, checkpoint."""
+"""The public entry points (docs/design.md's contract): profile, checkpoint, checkpoint_, apply_plan."""
 from __future__ import annotations
 
 from typing import Any
@@ -7,20 +7,44 @@ import torch
 
 from torch import fx
 
+from . import inplace, progress
+from . import timeline as _timeline
 from .budget import parse_budget
 from .errors import public
 from .planner import Problem, apply_regions, plan_problem, prepare
 from .planner.problem import trace_and_profile
-from .profiler.model import ModelProfile, profile_graph
+from .profiler.model import ModelProfile
 from .solvers.base import Plan
 from .solvers.registry import DEFAULT_SLOTS, SolveSettings, get_solver
-from .trace import trace
 
-__all__ = ["profile", "checkpoint", "apply_plan"]
+__all__ = ["profile", "checkpoint", "checkpoint_", "restore_", "apply_plan"]
 
 
 def _as_args(example_inputs: Any) -> tuple:
     return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+
+
+def _unaliased(args: tuple, kwargs: dict | None) -> tuple[tuple, dict | None]:
+    """The example inputs with every tensor that shares memory with an earlier one cloned.
+
+    ``model(ids, labels=ids)`` passes one tensor twice; traced as it is, the graph may read both
+    inputs from one of them (torch.export merges aliased inputs), and a later call with two
+    different tensors would compute with the wrong one.  Planned with two tensors, it computes
+    right either way (the prediction then counts both)."""
+    seen: set[tuple[int, int]] = set()
+
+    def fresh(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor) or value.device.type == "meta":
+            return value
+        key = (value.untyped_storage().data_ptr(), value.untyped_storage().nbytes())
+        if key in seen and value.untyped_storage().nbytes():
+            return value.detach().clone().requires_grad_(value.requires_grad)
+        seen.add(key)
+        return value
+
+    from torch.utils._pytree import tree_map
+
+    return tree_map(fresh, args), (None if kwargs is None else tree_map(fresh, kwargs))
 
 
 @public
@@ -44,7 +68,8 @@ def checkpoint(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | 
     """A GraphModule that trains like ``model`` within ``budget``, recomputing what it must.
 
     ``budget``: bytes (int), a size ("1.5GiB", "800MB"), or a fraction in (0, 1] of what
-    checkpointing can save (DESIGN.md); rotor and chen-greedy default to 0.5.  ``solver``: rotor
+    checkpointing can save (docs/design.md), or "min": the smallest budget at which the solver finds a
+    verified plan (rotor and chen-greedy; they default to 0.5).  ``solver``: rotor
     (optimal), chen-greedy, chen-sqrtn, every-stage or none.  The result shares ``model``'s
     parameters and buffers under the same names; ``gm.remat_plan`` is the verified Plan and
     ``gm.code`` shows the checkpoint regions.  Raises InfeasibleBudget when nothing fits.
@@ -57,10 +82,16 @@ def checkpoint(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | 
     if budget is None and get_solver(solver).budgeted:
         budget = 0.5
     parsed = None if budget is None else parse_budget(budget)
-    problem = prepare(model, _as_args(example_inputs), kwargs, tuple(shared_inputs),
+    if parsed is not None and parsed.minimum and not get_solver(solver).budgeted:
+        raise ValueError(f"budget='min' needs a solver that plans under a budget, not {solver!r}")
+    args, kwargs = _unaliased(_as_args(example_inputs), kwargs)
+    problem = prepare(model, args, kwargs, tuple(shared_inputs),
                       world_size=world_size, sharding=sharding, calibrate=calibrate)
-    gm, plan = plan_problem(problem, solver, parsed, SolveSettings(slots=slots))
-    return _agree_across_ranks(problem, gm, plan)
+    with progress.step("plan", f"{solver}, budget {parsed}" if parsed else solver):
+        gm, plan = plan_problem(problem, solver, parsed, SolveSettings(slots=slots))
+    gm = _agree_across_ranks(problem, gm, plan)
+    _timeline.attach(gm.remat_plan, problem, gm)
+    return gm
 
 
 def _agree_across_ranks(problem: Problem, gm: fx.GraphModule, plan: Plan) -> fx.GraphModule:
@@ -87,6 +118,33 @@ def _agree_across_ranks(problem: Problem, gm: fx.GraphModule, plan: Plan) -> fx.
 
 
 @public
+def checkpoint_(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | None = None, *,
+                budget: int | float | str | None = None, solver: str = "rotor",
+                shared_inputs: tuple[str, ...] = (), slots: int = DEFAULT_SLOTS, calibrate: bool | None = None
+                ) -> torch.nn.Module:
+    """Plan ``model`` like ``checkpoint`` and keep the model object: afterwards its own ``forward``
+    runs the planned code for training calls like ``model(*example_inputs, **kwargs)`` and its
+    original forward for every other call (under ``no_grad``, in ``eval()``, with other keyword
+    arguments; src/remat/inplace.py states the rule).  Hugging Face models keep ``generate``,
+    ``config`` and ``save_pretrained``.  Returns ``model``; ``model.remat_plan`` is the Plan and
+    ``remat.restore_(model)`` undoes it.  Plan with the call your training loop makes (e.g.
+    ``kwargs={"labels": ids}``)."""
+    args = _as_args(example_inputs)
+    if inplace.is_attached(model):
+        inplace.detach(model)
+    gm = checkpoint(model, args, kwargs, budget=budget, solver=solver, shared_inputs=shared_inputs, slots=slots,
+                    calibrate=calibrate)
+    inplace.attach(model, gm, args, kwargs or {})
+    model.__dict__["remat_plan"] = gm.remat_plan
+    return model
+
+
+def restore_(model: torch.nn.Module) -> torch.nn.Module:
+    """Undo ``checkpoint_``: ``model.forward`` is the model's own again.  Returns ``model``."""
+    return inplace.detach(model)
+
+
+@public
 def apply_plan(model: torch.nn.Module, example_inputs: Any, plan: Plan, kwargs: dict | None = None, *,
                shared_inputs: tuple[str, ...] = (), allow_other_shapes: bool = False) -> fx.GraphModule:
     """Re-apply a saved plan without solving; the model must trace to the same stages.
@@ -94,7 +152,8 @@ def apply_plan(model: torch.nn.Module, example_inputs: Any, plan: Plan, kwargs: 
     A plan holds for the input shapes it was made for (``plan.info["inputs"]``): inputs of other
     shapes are refused unless ``allow_other_shapes=True`` (the budget was not checked for them).
     """
-    problem: Problem = prepare(model, _as_args(example_inputs), kwargs, tuple(shared_inputs))
+    args, kwargs = _unaliased(_as_args(example_inputs), kwargs)
+    problem: Problem = prepare(model, args, kwargs, tuple(shared_inputs))
     planned = plan.info.get("inputs")
     contract = problem.gm.remat_contract
     now = {n: list(sh) for n, sh in zip(contract.names, contract.shapes) if sh is not None}
@@ -110,4 +169,5 @@ def apply_plan(model: torch.nn.Module, example_inputs: Any, plan: Plan, kwargs: 
                          f"{len(stages)} stages, the plan has {len(plan.stages)} (or their nodes differ)")
     gm = apply_regions(problem, tuple(plan.regions), level)
     gm.remat_plan = plan
+    _timeline.attach(plan, problem, gm)
     return gm

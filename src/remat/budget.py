@@ -1,7 +1,10 @@
-"""Budgets as DESIGN.md defines them: bytes, a size string, or a fraction of what checkpointing can save.
+"""Budgets as docs/design.md defines them: bytes, a size string, a fraction of what checkpointing
+can save, or ``"min"``.
 
 ``budget_bytes = fixed + f * (unconstrained_peak - fixed)`` for a fraction f in (0, 1], where
 ``fixed`` is the resident bytes plus one gradient per trainable parameter: no schedule goes below it.
+``"min"`` is the smallest budget at which the solver returns a verified plan; only the planner can
+find it (``planner.search.smallest_budget``), so it resolves there, not here.
 """
 from __future__ import annotations
 
@@ -18,18 +21,24 @@ _NUMBER = re.compile(r"^\s*[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?\s*$")
 
 @dataclass(frozen=True)
 class Budget:
-    """Either an absolute byte count or a fraction; ``resolve`` turns both into bytes."""
+    """An absolute byte count, a fraction, or the smallest feasible budget (``minimum``);
+    ``resolve`` turns the first two into bytes."""
 
     bytes: int | None = None
     fraction: float | None = None
+    minimum: bool = False  # budget="min": the planner searches the smallest verified budget
 
     def resolve(self, fixed: int, unconstrained: int) -> int:
+        if self.minimum:
+            raise ValueError("budget='min' is resolved by the planner (the smallest verified budget)")
         if self.bytes is not None:
             return self.bytes
         assert self.fraction is not None
         return int(fixed + self.fraction * max(0, unconstrained - fixed))
 
     def __str__(self) -> str:
+        if self.minimum:
+            return "min (the smallest feasible budget)"
         return f"{self.bytes} bytes" if self.bytes is not None else f"{self.fraction:g} (fraction)"
 
 
@@ -45,16 +54,18 @@ def _fraction(value: float, text: object) -> Budget:
 def parse_budget(budget: int | float | str) -> Budget:
     """Parse a user budget; every value that makes no sense is a ValueError saying why."""
     if isinstance(budget, bool) or budget is None:
-        raise ValueError(f"budget must be bytes (int), a size string ('1.5GiB', '800MB', '50%') or a fraction "
-                         f"in (0, 1], got {budget!r}")
+        raise ValueError(f"budget must be bytes (int), a size string ('1.5GiB', '800MB', '50%'), a fraction "
+                         f"in (0, 1] or 'min', got {budget!r}")
     if isinstance(budget, int):
         if budget <= 0:
-            raise ValueError(f"budget {budget} bytes must be positive")
+            raise ValueError(f"budget {budget} bytes must be positive (or a fraction such as 0.5, or 'min')")
         return Budget(bytes=budget)
     if isinstance(budget, float):
         return _fraction(budget, budget)
     if isinstance(budget, str):
         text = budget.strip()
+        if text.lower() == "min":
+            return Budget(minimum=True)
         if text.endswith("%"):
             try:
                 value = float(text[:-1]) / 100.0
@@ -67,6 +78,7 @@ def parse_budget(budget: int | float | str) -> Budget:
             raise ValueError(f"budget {budget!r} is not a finite number")
         value = parse_bytes(text)
         if value <= 0:
-            raise ValueError(f"budget {budget!r} must be positive")
+            raise ValueError(f"budget {budget!r} must be positive: bytes, a size ('2GiB'), a fraction ('50%', "
+                             "'0.5') or 'min'")
         return Budget(bytes=value)
     raise ValueError(f"budget must be an int, float or str, got {type(budget).__name__}")

@@ -71,7 +71,7 @@ class FakeSession:
         else:
             fake = self.mode.from_tensor(t, static_shapes=True)
         if fake.grad is not None:
-            fake.grad = None  # a step starts with every .grad None (DESIGN.md's training step)
+            fake.grad = None  # a step starts with every .grad None (docs/design.md's training step)
         self._memo[id(t)] = (t, fake)
         return fake
 

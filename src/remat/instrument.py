@@ -50,11 +50,13 @@ class Window:
     peak: int
     end: int
     value: Any = None
+    series: tuple[int, ...] = ()  # the running total after each allocator event (``series=True``)
 
 
-def cpu_window(fn: Callable[[], Any]) -> Window:
+def cpu_window(fn: Callable[[], Any], series: bool = False) -> Window:
     """Run ``fn`` under the CPU allocator's events; keeps ``fn``'s result alive to the window's end,
-    so ``end`` counts what it returned."""
+    so ``end`` counts what it returned.  ``series=True`` also keeps the running total after every
+    event (a memory curve over the window)."""
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
@@ -66,8 +68,11 @@ def cpu_window(fn: Callable[[], Any]) -> Window:
         with quiet_stderr():
             prof.__exit__(None, None, None)
     running = peak = 0
+    curve: list[int] = []
     for event in prof.profiler.kineto_results.events():
         if event.name() == "[memory]" and event.device_type() == torch.autograd.DeviceType.CPU:
             running += event.nbytes()
             peak = max(peak, running)
-    return Window(peak, running, value)
+            if series:
+                curve.append(running)
+    return Window(peak, running, value, tuple(curve))

@@ -1,4 +1,4 @@
-"""Real peak memory of one training step, as DESIGN.md defines it.
+"""Real peak memory of one training step, as docs/design.md defines it (and the memory curve behind it).
 
 Peak = bytes resident before the step (parameters, buffers, inputs) + the highest amount allocated
 during the step above that.  On the CPU the amount comes from the allocator's own events
@@ -17,11 +17,11 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-from .instrument import cpu_window
+from .instrument import Window, cpu_window
 from .profiler.memory import storage_bytes
 from .step import loss_of
 
-__all__ = ["measure_peak", "resident_bytes"]
+__all__ = ["measure_peak", "measure_series", "resident_bytes"]
 
 
 def resident_bytes(model: torch.nn.Module, args: Any, kwargs: Any = None) -> int:
@@ -55,13 +55,13 @@ def _step(model: torch.nn.Module, args: tuple, kwargs: dict, inputs: list[torch.
         p.grad = None  # the measured step starts with every .grad None, the inputs' too
 
 
-def _cpu_peak_above(model: torch.nn.Module, args: tuple, kwargs: dict) -> int:
+def _cpu_window(model: torch.nn.Module, args: tuple, kwargs: dict, series: bool = False) -> Window:
     def step() -> None:
         loss = loss_of(model(*args, **kwargs))
         if loss is not None:
             loss.backward()
 
-    return cpu_window(step).peak
+    return cpu_window(step, series)
 
 
 def _cuda_peak_above(model: torch.nn.Module, args: tuple, kwargs: dict, device: torch.device) -> int:
@@ -76,12 +76,8 @@ def _cuda_peak_above(model: torch.nn.Module, args: tuple, kwargs: dict, device: 
     return max(0, torch.cuda.max_memory_allocated(device) - before)
 
 
-def measure_peak(model: torch.nn.Module, example_inputs: Any, kwargs: dict | None = None, *,
-                 warmup: int = 1) -> int:
-    """Measured peak bytes of one real training step of ``model`` (DESIGN.md's definition).
-
-    ``warmup`` unmeasured steps run first so lazily built kernels and caches are not counted.
-    """
+def _measure(model: torch.nn.Module, example_inputs: Any, kwargs: dict | None, warmup: int,
+             series: bool) -> Any:
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     kwargs = kwargs or {}
     flat, _ = tree_flatten((args, kwargs))
@@ -89,13 +85,33 @@ def measure_peak(model: torch.nn.Module, example_inputs: Any, kwargs: dict | Non
     if any(t.device.type == "meta" for t in tensors):
         raise ValueError("measure_peak runs a real step: the model and inputs must not be on the meta device")
     device = next((t.device for t in tensors if t.device.type == "cuda"), torch.device("cpu"))
+    if series and device.type != "cpu":
+        raise ValueError("measure_series reads the CPU allocator's events: the model and inputs must be on the CPU")
     inputs = [t for t in flat if isinstance(t, torch.Tensor)]
     with _restored(model, inputs):
         for _ in range(warmup):
             _step(model, args, kwargs, inputs)
         resident = resident_bytes(model, args, kwargs)
+        if series:
+            return [resident + b for b in (0, *_cpu_window(model, args, kwargs, series=True).series)]
         if device.type == "cuda":
             above = _cuda_peak_above(model, args, kwargs, device)
         else:
-            above = _cpu_peak_above(model, args, kwargs)
+            above = _cpu_window(model, args, kwargs).peak
     return resident + above
+
+
+def measure_peak(model: torch.nn.Module, example_inputs: Any, kwargs: dict | None = None, *,
+                 warmup: int = 1) -> int:
+    """Measured peak bytes of one real training step of ``model`` (docs/design.md's definition).
+
+    ``warmup`` unmeasured steps run first so lazily built kernels and caches are not counted.
+    """
+    return _measure(model, example_inputs, kwargs, warmup, series=False)
+
+
+def measure_series(model: torch.nn.Module, example_inputs: Any, kwargs: dict | None = None, *,
+                   warmup: int = 1) -> list[int]:
+    """The bytes allocated (resident included) after every CPU allocator event of one real training
+    step: the measured memory curve, whose maximum is ``measure_peak``'s value.  CPU only."""
+    return _measure(model, example_inputs, kwargs, warmup, series=True)

@@ -28,7 +28,7 @@ from .errors import RematWarning, ShapeError
 from .profiler.registry import lookup
 from .profiler.rules import hidden_writes
 
-__all__ = ["context", "freeze_state", "check_inputs", "InputContract", "RematModule", "restore"]
+__all__ = ["context", "freeze_state", "check_inputs", "InputContract", "RematModule", "restore", "attach_forward"]
 
 
 class _FrozenStateMode(TorchDispatchMode):
@@ -223,3 +223,49 @@ class RestoredModule(torch.nn.Module):
 def restore(body: dict[str, Any], import_block: str) -> torch.nn.Module:
     """Read back a pickled generated module (``RematModule.__reduce__``)."""
     return RestoredModule(body, import_block)
+
+
+# --- files written by ``remat plan --code`` ---------------------------------------------------------
+def _share(model: torch.nn.Module, new: torch.nn.Module, path: str) -> None:
+    """Put ``model``'s object at ``path`` (a submodule, parameter or buffer) at the same path of
+    ``new``, creating empty modules on the way, as fx does for a GraphModule's targets."""
+    *parents, leaf = path.split(".")
+    src, dst = model, new
+    for name in parents:
+        src = getattr(src, name)
+        if not isinstance(getattr(dst, name, None), torch.nn.Module):
+            dst.add_module(name, torch.nn.Module())
+        dst = getattr(dst, name)
+    value = getattr(src, leaf)
+    if getattr(dst, leaf, None) is value:
+        return
+    if isinstance(value, torch.nn.Module):
+        dst.add_module(leaf, value)
+    elif isinstance(value, torch.nn.Parameter):
+        dst.register_parameter(leaf, value)
+    elif isinstance(value, torch.Tensor):
+        dst.register_buffer(leaf, value)
+    else:
+        setattr(dst, leaf, value)
+
+
+def attach_forward(model: torch.nn.Module, forward: Any, targets: tuple[str, ...],
+                   attributes: dict[str, Any] | None = None) -> torch.nn.Module:
+    """A module whose forward is ``forward`` (a generated forward, from a ``--code`` file) and whose
+    submodules, parameters and buffers at ``targets`` are ``model``'s own objects (shared, not
+    copied); ``attributes`` (the input contract, pytree specs) are set on it."""
+    cls = type(f"Remat{type(model).__name__}", (torch.nn.Module,), {"forward": forward})
+    new = cls()
+    # in the model's order (a module before what it holds): the new module lists its parameters in
+    # the model's order, under the model's names (tied parameters too)
+    order: dict[str, int] = {}
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        order.setdefault(prefix, len(order))
+        for name, _ in (*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)):
+            order.setdefault(f"{prefix}.{name}" if prefix else name, len(order))
+    for path in sorted(targets, key=lambda p: order.get(p, len(order))):
+        _share(model, new, path)
+    for name, value in (attributes or {}).items():
+        setattr(new, name, value)
+    new.training = model.training
+    return new

@@ -1,4 +1,4 @@
-"""The training step that every count, prediction and measurement in remat refers to (DESIGN.md).
+"""The training step that every count, prediction and measurement in remat refers to (docs/design.md).
 
 ``out = model(*inputs)``, ``loss = sum of .float().sum() over the floating-point tensors in out``,
 ``loss.backward()``.  Outputs may be tensors, tuples, lists, dicts (HF ``ModelOutput`` included),

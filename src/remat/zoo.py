@@ -12,15 +12,16 @@ Weights are always freshly initialized: remat never downloads or copies a user's
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["Workload", "build", "DEFAULT_SPEC", "ResidualMLP"]
+from .specs import DEFAULT_SPEC, FACTORY_CONTRACT, did_you_mean, parse_spec
 
-DEFAULT_SPEC = "mlp"
+__all__ = ["Workload", "build", "DEFAULT_SPEC", "ResidualMLP"]
 
 
 @dataclass
@@ -54,16 +55,6 @@ class ResidualMLP(nn.Module):
         return self.head(x)
 
 
-def _options(text: str) -> dict[str, str]:
-    if not text:
-        return {}
-    pairs = [p.split("=", 1) for p in text.split(",") if p]
-    bad = [p[0] for p in pairs if len(p) != 2]
-    if bad:
-        raise ValueError(f"model options must be key=value, got {bad}")
-    return {k.strip(): v.strip() for k, v in pairs}
-
-
 def _input_device(meta: bool) -> str:
     return "meta" if meta else "cpu"
 
@@ -73,6 +64,10 @@ def _torchvision(name: str, batch: int, meta_inputs: bool) -> Workload:
         import torchvision
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError("torchvision specs need torchvision: pip install 'remat[vision]'") from e
+    names = torchvision.models.list_models()
+    if name not in names:
+        raise ValueError(f"torchvision has no model {name!r}{did_you_mean(name, names)}; "
+                         "torchvision.models.list_models() lists them")
     kwargs: dict[str, Any] = {"weights": None}
     if name in ("inception_v3", "googlenet"):
         kwargs["init_weights"] = False  # the scipy-based init is slow and irrelevant to memory
@@ -102,8 +97,16 @@ def _transformers(name: str, batch: int, meta_inputs: bool, opts: dict[str, str]
     except ImportError as e:  # pragma: no cover
         raise ImportError("transformers specs need transformers: pip install 'remat[hf]'") from e
     if name not in _HF_PRESETS:
-        raise ValueError(f"unknown transformers model {name!r}; choose one of {sorted(_HF_PRESETS)}")
-    cfg = {**_HF_PRESETS[name], **{k: int(v) for k, v in opts.items()}}
+        raise ValueError(f"unknown transformers model {name!r}{did_you_mean(name, _HF_PRESETS)}; "
+                         f"choose one of {', '.join(sorted(_HF_PRESETS))}")
+    unknown = sorted(set(opts) - set(_HF_PRESETS[name]))
+    if unknown:
+        raise ValueError(f"unknown option {unknown[0]!r} for transformers:{name}"
+                         f"{did_you_mean(unknown[0], _HF_PRESETS[name])}; options: {', '.join(_HF_PRESETS[name])}")
+    try:
+        cfg = {**_HF_PRESETS[name], **{k: int(v) for k, v in opts.items()}}
+    except ValueError:
+        raise ValueError(f"transformers options are integers, got {opts}") from None
     layers, width, heads, seq = cfg["layers"], cfg["width"], cfg["heads"], cfg["seq"]
     common = dict(attn_implementation="sdpa")
     gen = torch.Generator().manual_seed(0)
@@ -143,11 +146,37 @@ def _transformers(name: str, batch: int, meta_inputs: bool, opts: dict[str, str]
     return Workload(f"transformers:{name}", model, inputs, shared)
 
 
+def _load_factory(module: str, attr: str) -> Any:
+    """The factory a spec names, or a ValueError that says what remat looked for."""
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name is not None and module.startswith(e.name):  # the module itself, not one it imports
+            raise ValueError(f"cannot import {module!r} for the spec '{module}:{attr}' (looked in the current "
+                             f"directory and on sys.path; {FACTORY_CONTRACT})") from None
+        raise
+    factory = getattr(mod, attr, None)
+    if factory is None:
+        public = [n for n in vars(mod) if not n.startswith("_")]
+        raise ValueError(f"module {module!r} has no attribute {attr!r}{did_you_mean(attr, public)}: "
+                         f"{FACTORY_CONTRACT}")
+    if not callable(factory):
+        raise ValueError(f"{module}:{attr} is a {type(factory).__name__}, not a function: {FACTORY_CONTRACT}")
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: let the call say
+        return factory
+    takes_batch = "batch" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    if not takes_batch:
+        raise ValueError(f"{module}:{attr}{inspect.signature(factory)} has no 'batch' parameter: {FACTORY_CONTRACT}")
+    return factory
+
+
 def _factory(module: str, attr: str, batch: int) -> Workload:
-    factory = getattr(importlib.import_module(module), attr)
-    built = factory(batch=batch)
-    if isinstance(built, nn.Module):
-        raise TypeError(f"{module}:{attr} returned only a model; return (model, example_inputs)")
+    built = _load_factory(module, attr)(batch=batch)
+    shape = "only a model" if isinstance(built, nn.Module) else f"a {type(built).__name__}"
+    if not isinstance(built, (tuple, list)) or len(built) != 2 or not isinstance(built[0], nn.Module):
+        raise ValueError(f"{module}:{attr}(batch={batch}) returned {shape}: {FACTORY_CONTRACT}")
     model, inputs = built
     return Workload(f"{module}:{attr}", model, tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,))
 
@@ -158,21 +187,17 @@ def build(spec: str = DEFAULT_SPEC, batch: int = 4, *, meta_inputs: bool = False
     ``meta_inputs=True`` puts the inputs on the meta device (for profiling big batches with no
     memory); the model itself is always a normal CPU model with random weights.
     """
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be a positive integer, got {batch!r}")
+    parsed = parse_spec(spec)
     torch.manual_seed(seed)
-    if spec in ("mlp", "default"):
+    if parsed.kind == "mlp":
         model = ResidualMLP()
         shape = (batch, 256, 512)  # 256 tokens per sample, so activations matter as in a transformer
         x = torch.empty(shape, device="meta") if meta_inputs else torch.randn(shape)
         return Workload("mlp", model, (x,))
-    head, _, rest = spec.partition(":")
-    if not rest:
-        raise ValueError(f"model spec {spec!r} must look like 'torchvision:resnet50', "
-                         "'transformers:gpt2' or 'package.module:factory'")
-    name, _, opts = rest.partition(":")
-    if head == "torchvision":
-        if opts:
-            raise ValueError("torchvision specs take no options")
-        return _torchvision(name, batch, meta_inputs)
-    if head == "transformers":
-        return _transformers(name, batch, meta_inputs, _options(opts))
-    return _factory(head, name, batch)
+    if parsed.kind == "torchvision":
+        return _torchvision(parsed.name, batch, meta_inputs)
+    if parsed.kind == "transformers":
+        return _transformers(parsed.name, batch, meta_inputs, parsed.options)
+    return _factory(parsed.module, parsed.name, batch)

@@ -35,11 +35,14 @@ def plan_problem(problem: Problem, solver_name: str, budget: Budget | None,
     """
     solver = get_solver(solver_name)
     start = time.perf_counter()
-    budget_bytes = None if budget is None else budget.resolve(problem.fixed, problem.unconstrained)
+    if budget is not None and budget.minimum and not solver.budgeted:
+        raise ValueError(f"budget='min' needs a solver that plans under a budget, not {solver.name!r}")
+    least = smallest_budget(problem, solver, settings, verify) if budget is not None and budget.minimum else None
+    budget_bytes = least[0] if least else None if budget is None else budget.resolve(problem.fixed, problem.unconstrained)
     if budget_bytes is None and solver.budgeted:
         raise ValueError(f"solver {solver.name!r} needs a budget")
     try:
-        found = find_plan(problem, solver, budget_bytes, settings, verify)
+        found = least[1] if least else find_plan(problem, solver, budget_bytes, settings, verify)
     except NoFit as e:
         if not solver.budgeted:
             raise fixed_plan_too_big(problem, budget_bytes or 0, solver.name, e.best_peak) from None

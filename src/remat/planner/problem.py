@@ -13,6 +13,7 @@ from torch import fx
 
 from torch.utils._pytree import tree_leaves
 
+from .. import progress
 from ..chain import Chain, linearize
 from ..codegen import NodeRegion, build
 from ..fake import target_device
@@ -134,12 +135,14 @@ def trace_and_profile(model: torch.nn.Module, args: tuple, kwargs: dict | None =
                       calibrate: bool | None = None, check: bool = True) -> Profiled:
     """Trace ``model`` and profile one step of the trace for the device its tensors are on; with
     the model's own checkpoint calls, the step's peak is the one with them in place."""
-    gm = trace(model, args, kwargs, check=check)
+    with progress.step("trace and check" if check else "trace"):
+        gm = trace(model, args, kwargs, check=check)
     tensors = [t for t in (*model.parameters(), *model.buffers(), *tree_leaves((args, kwargs)))
                if isinstance(t, torch.Tensor)]
     target = Target(target_device(tensors))
     scratch = calibration_for(target, tensors, calibrate)
-    prof = profile_graph(gm, args, kwargs, target, scratch)
+    with progress.step("profile"):
+        prof = profile_graph(gm, args, kwargs, target, scratch)
     gm.remat_contract = contract(gm, target.threads)
     regions = user_regions(gm)
     baseline = build(gm, regions)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from torch import fx
 
+from .. import progress
 from ..codegen import generate
 from ..solvers.base import Region
 from ..solvers.model import ChainModel, evaluate, recompute_time
@@ -113,7 +114,8 @@ def find_plan(problem: Problem, solver: Solver, budget_bytes: int | None,
         return Candidate(blocks, (), problem.baseline, problem.unconstrained, 1)
     best: int | None = None
     for attempts in range(1, MAX_ATTEMPTS + 1):
-        found = solve_regions(problem, solver, limit, settings)
+        with progress.step("solve"):
+            found = solve_regions(problem, solver, limit, settings)
         if found is None:
             raise NoFit(best)
         level, regions = found
@@ -121,7 +123,8 @@ def find_plan(problem: Problem, solver: Solver, budget_bytes: int | None,
         if not regions:
             peak = problem.unconstrained  # the model's own step
         elif verify:
-            peak = problem.predict(gm)
+            with progress.step("verify"):
+                peak = problem.predict(gm)
         else:
             peak = problem.resident + evaluate(ChainModel.from_chain(level.chain), regions).peak
         margin = VERIFY_MARGIN if regions else 0.0

@@ -121,7 +121,7 @@ class AccountingMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self.observer is not None and decomposes(func):
-            self.observer(func, args, kwargs, None, False)  # it runs as its parts, seen one by one
+            self.observer(func, args, kwargs, None, False, None)  # it runs as its parts, seen one by one
         out, as_is = run_op(self, func, args, kwargs)
         if not as_is:
             return out

@@ -1,6 +1,6 @@
 """Count forward and backward FLOPs of any autograd procedure on fake tensors.
 
-``count_flops(fn, args)`` runs ``fn`` and the backward of its loss (DESIGN.md's training step)
+``count_flops(fn, args)`` runs ``fn`` and the backward of its loss (docs/design.md's training step)
 under a dispatch mode that applies the formula registry to every aten op.  Nothing real is
 allocated: parameters and inputs are fake twins, so batch 4000 of resnet50 counts on a laptop.
 """

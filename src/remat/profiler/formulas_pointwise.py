@@ -1,6 +1,6 @@
 """Elementwise math and activations: k FLOPs per output element, k = elementary operations.
 
-Convention (DESIGN.md): one FLOP per output element per elementary operation; a transcendental
+Convention (docs/design.md): one FLOP per output element per elementary operation; a transcendental
 function (exp, log, erf, tanh, sin, ...) counts as one operation.  In-place variants (``relu_``) and
 ``out=`` overloads share their op's formula.  Ops that only move or create data are listed at the
 end as explicit zeros, so the docs say so instead of leaving them silently uncounted.

@@ -9,7 +9,7 @@ never counted as allocations.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +68,7 @@ class StorageTracker:
     _next_uid: int = 0
     producer: dict[int, str | None] = field(default_factory=dict)  # uid -> owner that allocated it
     nbytes: dict[int, int] = field(default_factory=dict)  # uid -> bytes, for every storage ever seen
+    on_change: Callable[[int], None] | None = None  # called with ``current`` after every change (timelines)
 
     def mark_resident(self, tensors: Iterable[torch.Tensor]) -> None:
         for t in tensors:
@@ -121,6 +122,8 @@ class StorageTracker:
         if nbytes > 0:
             self._bump(nbytes)
             self.current -= nbytes
+            if self.on_change is not None:
+                self.on_change(self.current)
 
     def hold(self, nbytes: int) -> None:
         """Bytes that stay allocated until the step ends (we cannot see when they are freed)."""
@@ -133,12 +136,16 @@ class StorageTracker:
             self.peak = self.current
         if self.current > self._window_peak:
             self._window_peak = self.current
+        if self.on_change is not None:
+            self.on_change(self.current)
 
     def _free(self, key: int) -> None:
         nbytes = self._live.pop(key, None)
         self._uid.pop(key, None)
         if nbytes is not None:
             self.current -= nbytes
+            if self.on_change is not None:
+                self.on_change(self.current)
 
     def mark(self) -> int:
         """Start a window for ``window_peak``; returns the current total."""

@@ -23,7 +23,7 @@ __all__ = ["ModelProfile", "profile_graph"]
 
 @dataclass
 class ModelProfile:
-    """Predicted costs of one training step (DESIGN.md), whole model and per graph node."""
+    """Predicted costs of one training step (docs/design.md), whole model and per graph node."""
 
     fwd_flops: int
     bwd_flops: int

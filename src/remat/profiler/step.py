@@ -1,4 +1,4 @@
-"""Whole-step simulation: run DESIGN.md's training step on fake tensors and follow every storage.
+"""Whole-step simulation: run docs/design.md's training step on fake tensors and follow every storage.
 
 The prediction is the peak of the simulated allocator (``StorageTracker``) plus the resident bytes,
 the same definition ``measure_peak`` measures on a real run.

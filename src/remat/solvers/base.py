@@ -57,6 +57,13 @@ def validate_regions(regions: tuple[Region, ...] | list[Region], n_stages: int) 
         prev = r.stop
 
 
+# what a chain's granularity means, for describe()
+_LEVELS = {
+    "blocks": "the graph cut into consecutive pieces where no skip connection crosses a cut",
+    "fine": "the graph cut into consecutive pieces, also inside residual blocks, where a skip value crosses a cut",
+}
+
+
 @dataclass
 class Plan:
     """A checkpointing plan for one model and input shape (``Plan.to_json`` / ``remat.load_plan``)."""
@@ -78,10 +85,14 @@ class Plan:
         """The plan for people: budget, prediction, recomputation and the nested regions."""
         from ..units import fmt_bytes
 
-        lines = [f"solver {self.solver}, {len(self.stages)} stages ({self.info.get('granularity', 'blocks')})"]
+        level = self.info.get("granularity", "blocks")
+        lines = [f"solver {self.solver}, {len(self.stages)} stages ({level}: {_LEVELS.get(level, level)})"]
         if self.info.get("sharding"):
             lines.append(f"memory per process of {self.info['world_size']} "
                          f"({self.info['sharding']}: wrap with remat.fully_shard)")
+        unconstrained = self.info.get("unconstrained_peak_bytes")
+        if unconstrained is not None:
+            lines.append(f"unconstrained   {fmt_bytes(unconstrained):>12}   (the step's peak as the model runs it)")
         if self.budget_bytes is not None:
             lines.append(f"budget          {fmt_bytes(self.budget_bytes):>12}")
         lines.append(f"predicted peak  {fmt_bytes(self.predicted_peak_bytes):>12}"
@@ -116,6 +127,20 @@ class Plan:
 
         walk(tuple(self.regions), 1)
         return "\n".join(lines)
+
+    def timeline(self) -> Any:
+        """Predicted memory over the step's ops, as the model runs it and as this plan runs it
+        (``remat.timeline.PlanTimeline``; draw it with ``remat.timeline.draw_timeline``).  Only for
+        plans made in this process: one read from JSON has no model to simulate."""
+        source = getattr(self, "_timeline", None)
+        if source is None:
+            raise ValueError("this plan has no model attached (read from JSON, sharded, or copied): use "
+                             "remat.timeline.step_timeline(module, example_inputs) on the module instead")
+        return source()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the timeline source holds the model: not part of the plan's data (pickles, copies)
+        return {k: v for k, v in self.__dict__.items() if k != "_timeline"}
 
     def to_json(self, path: str | Path | None = None) -> str:
         data = asdict(self)

@@ -1,6 +1,6 @@
 """The trace check: the traced module must train like the model before anything is planned on it.
 
-Both run one training step (DESIGN.md) on the same inputs with the same random seed: real inputs
+Both run one training step (docs/design.md) on the same inputs with the same random seed: real inputs
 cut to a batch of at most ``CHECK_BATCH`` (every tensor input whose first dimension is the batch),
 or fake ones when the model or its inputs are on meta (then only shapes, dtypes and which
 parameters get gradients can be compared).  Gradients come from ``torch.autograd.grad`` and the

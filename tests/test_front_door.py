@@ -1,0 +1,176 @@
+"""What a new user meets first: `remat --help`, argument errors, model specs, and the docs' links.
+
+Each CLI test runs the real command in a subprocess and reads its real output."""
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import remat_env
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _help_imports_torch(*argv: str) -> tuple[str, bool]:
+    """Run `remat ARGV --help` as the console script does, and say whether torch got imported."""
+    code = textwrap.dedent(f"""
+        import runpy, sys
+        sys.argv = ["remat", *{list(argv)!r}, "--help"]
+        try:
+            runpy.run_module("remat.cli", run_name="__main__")
+        except SystemExit:
+            pass
+        print("TORCH" if "torch" in sys.modules else "NO-TORCH")
+    """)
+    done = subprocess.run([sys.executable, "-c", code], env=remat_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout, done.stdout.strip().endswith("NO-TORCH")
+
+
+@pytest.mark.parametrize("command", [(), ("flops",), ("profile",), ("plan",), ("sweep",)])
+def test_help_answers_without_importing_torch(command):
+    start = time.perf_counter()
+    text, torch_free = _help_imports_torch(*command)
+    assert torch_free, f"remat {' '.join(command)} --help imported torch"
+    assert time.perf_counter() - start < 5
+    assert "usage: remat" in text
+
+
+def test_every_flag_has_help():
+    from remat.cli import build_parser
+
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if a.choices and isinstance(a.choices, dict)).choices
+    for name, sub in subparsers.items():
+        for action in sub._actions:
+            assert action.help and len(action.help) > 10, f"remat {name} {action.option_strings or action.dest}"
+
+
+def test_import_remat_is_lazy_and_names_still_resolve():
+    code = ("import sys, remat; assert 'torch' not in sys.modules; "
+            "assert callable(remat.trace) and callable(remat.checkpoint) and callable(remat.checkpoint_); "
+            "import remat.trace.check; assert callable(remat.trace), 'remat.trace became the subpackage'; "
+            "assert remat.InfeasibleBudget.__name__ == 'InfeasibleBudget'; "
+            "assert set(remat.__all__) <= set(dir(remat)); print('ok')")
+    done = subprocess.run([sys.executable, "-c", code], env=remat_env(), capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "ok", done.stderr
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["plan", "--batch", "0"], "--batch: must be a positive integer, got 0"),
+    (["plan", "--batch", "-3"], "--batch: must be a positive integer, got -3"),
+    (["plan", "--budget", "0"], "--budget: budget '0' must be positive"),
+    (["plan", "--budget", "150%"], "--budget: budget fraction '150%' must be in (0, 1]"),
+    (["profile", "--top", "0"], "--top: must be a positive integer"),
+    (["flops", "torchvison:resnet18"], "did you mean torchvision?"),
+])
+def test_bad_arguments_fail_at_once_with_one_line(run_remat, argv, says):
+    start = time.perf_counter()
+    done = run_remat(*argv)
+    assert time.perf_counter() - start < 2.0
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert says in done.stderr
+
+
+def test_a_misspelled_torchvision_model_gets_close_names(run_remat):
+    done = run_remat("flops", "torchvision:resnet81")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "did you mean" in done.stderr and "resnet18" in done.stderr and "resnet101" in done.stderr
+
+
+FACTORIES = '''
+import torch
+
+def make(batch):
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)), (torch.randn(batch, 8),)
+
+def no_batch():
+    return make(2)
+
+def only_model(batch):
+    return torch.nn.Linear(8, 8)
+'''
+
+
+@pytest.fixture
+def factory_dir(tmp_path):
+    """A factory module in a working directory, and a launcher elsewhere that runs remat the way
+    the installed `remat` script does (its own directory first on sys.path, not the current one)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "mymodels.py").write_text(FACTORIES)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    launcher = bin_dir / "remat"
+    launcher.write_text("import sys\nfrom remat.cli import main\nsys.exit(main())\n")
+
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(launcher), *argv], cwd=work, env=remat_env(),
+                              capture_output=True, text=True, timeout=300)
+
+    return run
+
+
+def test_a_factory_in_the_current_directory_loads(factory_dir):
+    done = factory_dir("flops", "mymodels:make", "--batch", "3")
+    assert done.returncode == 0, done.stderr
+    assert "mymodels:make  batch 3" in done.stdout and "aten.addmm" in done.stdout
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("mymodels:mkae", "has no attribute 'mkae' (did you mean make?)"),
+    ("mymodels:no_batch", "has no 'batch' parameter"),
+    ("mymodels:only_model", "returned only a model"),
+    ("nomodule:make", "cannot import 'nomodule'"),
+])
+def test_factory_mistakes_are_one_line_naming_the_contract(factory_dir, spec, says):
+    done = factory_dir("flops", spec)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert says in done.stderr and "factory(batch=N)" in done.stderr
+
+
+@pytest.mark.slow
+def test_flops_without_a_spec_counts_the_default_model(run_remat):
+    done = run_remat("flops", "--batch", "1", "--top", "2")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("mlp  batch 1") and "aten.addmm" in done.stdout
+
+
+# --- the docs' links ---------------------------------------------------------------------------------
+_MD_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+_REPO_PATH = re.compile(r"(?<![\w./-])((?:docs|benchmarks|src|tests)/[\w./-]*\w)")
+
+
+def _tracked(*patterns: str) -> list[Path]:
+    out = subprocess.run(["git", "ls-files", *patterns], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return [ROOT / line for line in out.splitlines() if line]
+
+
+def _links(path: Path) -> list[tuple[str, Path]]:
+    text = path.read_text()
+    found = [(m.group(1), path.parent / m.group(1)) for m in _MD_LINK.finditer(text)
+             if path.suffix == ".md" and not m.group(1).startswith(("http://", "https://", "mailto:"))]
+    found += [(m.group(1), ROOT / m.group(1)) for m in _REPO_PATH.finditer(text)]
+    return found
+
+
+def test_every_file_the_readme_docs_and_docstrings_name_exists():
+    files = [ROOT / "README.md", *_tracked("docs/*.md"), *_tracked("src/remat/**.py", "src/remat/*.py")]
+    assert len(files) > 40
+    missing = [f"{f.relative_to(ROOT)}: {text}" for f in files for text, target in _links(f)
+               if not target.exists() and not any(c in text for c in "*{<")]
+    assert not missing, "\n".join(missing)
+
+
+def test_nothing_refers_to_a_design_file_the_repository_lacks():
+    name = "DESIGN" + ".md"
+    offenders = [str(f.relative_to(ROOT)) for f in _tracked() if f.suffix in (".py", ".md", ".txt", ".toml")
+                 and f.exists() and name in f.read_text(errors="ignore")]
+    assert not offenders, f"{name} is docs/design.md: {offenders}"
+    assert (ROOT / "docs" / "design.md").exists()
