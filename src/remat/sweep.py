@@ -27,6 +27,7 @@ class SweepRow:
     regions: int
     measured_bytes: int | None = None  # a real step's peak (sweep(measure=True))
     min_bytes: int | None = None  # when infeasible: the smallest budget that solver reaches
+    recompute_seconds: float | None = None  # predicted time of the recomputation: what rotor minimizes
 
 
 @dataclass
@@ -98,7 +99,8 @@ def _sweep(model: torch.nn.Module, args: tuple, kwargs: dict | None, shared_inpu
                 with _progress.step("measure"):
                     measured = _measure(gm, args, kwargs)
             result.rows.append(SweepRow(solver, fraction, plan.budget_bytes, plan.predicted_peak_bytes,
-                                        plan.recompute_ratio, len(plan.regions), measured))
+                                        plan.recompute_ratio, len(plan.regions), measured,
+                                        recompute_seconds=plan.info.get("recompute_seconds")))
     return result
 
 
