@@ -60,6 +60,8 @@ fallback for targets remat cannot run (inputs on meta, another device) and are m
 bounds. *layout*: the real kernel lays its output out differently. *dropped*: the fake kernel
 returns an output the real one does not allocate. *held*: memory allocated outside any op that
 lives to the end of the step. *writes*: arguments written although the op's schema does not say so.
+*workspace*: memory a library keeps on the device from its first use on (counted as resident bytes
+of every step). *granularity*: every allocation on the device is rounded up to a multiple of it.
 """
 
 
@@ -68,9 +70,11 @@ def render_memory() -> str:
     out = [MEMORY_HEADER, "| device | ops | aspect | what | source |", "|---|---|---|---|---|"]
     rows: dict[tuple[str, str, str, str], list[str]] = defaultdict(list)
     for r in RULES:
-        aspects = [a for a in ("scratch", "layout", "dropped", "held") if getattr(r, a) is not None]
+        aspects = [a for a in ("scratch", "layout", "dropped", "held", "workspace") if getattr(r, a) is not None]
         aspects += ["writes " + ", ".join(map(str, r.writes))] if r.writes else []
-        name = "every op" if r.op is None else str(r.op).removeprefix("aten.")
+        aspects += [f"granularity {r.granularity}"] if r.granularity else []
+        device_wide = r.op is None and (r.workspace is not None or r.granularity)
+        name = ("the device" if device_wide else "every op") if r.op is None else str(r.op).removeprefix("aten.")
         rows[(r.device, " ".join(aspects), r.doc, r.source)].append(name)
     for (device, aspect, doc, source), names in sorted(rows.items()):
         out.append(f"| {device} | {', '.join(f'`{n}`' for n in names)} | {aspect} | {doc} | {source} |")

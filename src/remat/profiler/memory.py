@@ -69,6 +69,12 @@ class StorageTracker:
     producer: dict[int, str | None] = field(default_factory=dict)  # uid -> owner that allocated it
     nbytes: dict[int, int] = field(default_factory=dict)  # uid -> bytes, for every storage ever seen
     on_change: Callable[[int], None] | None = None  # called with ``current`` after every change (timelines)
+    # what the device's allocator counts for an allocation of n bytes (CUDA: multiples of 512);
+    # resident storages are counted as they are, as measure_peak counts them
+    round_bytes: Callable[[int], int] | None = None
+
+    def _rounded(self, nbytes: int) -> int:
+        return self.round_bytes(nbytes) if self.round_bytes is not None else nbytes
 
     def mark_resident(self, tensors: Iterable[torch.Tensor]) -> None:
         for t in tensors:
@@ -92,7 +98,7 @@ class StorageTracker:
             key = id(st)
             if key in self._live or key in self._resident:
                 continue
-            nbytes = st.nbytes()
+            nbytes = self._rounded(st.nbytes())
             self._live[key] = nbytes
             self._uid[key] = uid = self._next_uid
             self._next_uid += 1
@@ -120,6 +126,7 @@ class StorageTracker:
     def transient(self, nbytes: int) -> None:
         """Memory a kernel allocates and frees inside one op (workspaces): raises the peak only."""
         if nbytes > 0:
+            nbytes = self._rounded(nbytes)
             self._bump(nbytes)
             self.current -= nbytes
             if self.on_change is not None:
@@ -128,7 +135,7 @@ class StorageTracker:
     def hold(self, nbytes: int) -> None:
         """Bytes that stay allocated until the step ends (we cannot see when they are freed)."""
         if nbytes > 0:
-            self._bump(nbytes)
+            self._bump(self._rounded(nbytes))
 
     def _bump(self, nbytes: int) -> None:
         self.current += nbytes

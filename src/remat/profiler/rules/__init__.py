@@ -14,6 +14,11 @@ dispatch path (``profiler/dispatch.py``) for the per-node profile and the step s
 * ``dropped``: outputs a fake kernel returns that the real kernel does not allocate.
 * ``held``: bytes allocated outside any op that stay until the step ends (autograd's saved scalars).
 * ``writes``: argument positions the op writes without its schema saying so (BatchNorm statistics).
+* ``workspace`` (with ``op=None``): bytes a library allocates on the device at its first use and
+  keeps for the life of the process (cuBLAS's workspace): every step after the first starts with
+  them, so they count as resident bytes of the step.
+* ``granularity`` (with ``op=None``): every allocation on the device is rounded up to a multiple of
+  it (the CUDA caching allocator's block size).
 
 Every rule carries ``doc`` (what it models) and ``source`` (the measurement or derivation behind its
 numbers); ``python -m remat.profiler.docs --memory`` renders the table in docs/memory.md.
@@ -28,7 +33,8 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 
-__all__ = ["RuleContext", "MemoryRule", "RULES", "rule", "rules_for", "scratch_rule", "hidden_writes", "nbytes"]
+__all__ = ["RuleContext", "MemoryRule", "RULES", "rule", "rules_for", "scratch_rule", "hidden_writes", "nbytes",
+           "granularity", "round_up", "workspace_bytes"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,8 @@ class MemoryRule:
     dropped: DroppedFn | None = None
     held: HeldFn | None = None
     writes: tuple[int, ...] = ()
+    workspace: Callable[[RuleContext], int] | None = None  # op None: resident library workspaces
+    granularity: int = 0  # op None: allocations on this device are rounded up to a multiple of it
     applies: Callable[[OpOverload], bool] | None = None  # with op None: which ops the rule is about
 
 
@@ -65,11 +73,13 @@ RULES: list[MemoryRule] = []
 
 
 def rule(ops: OpOverload | list[OpOverload] | None, device: str, doc: str, source: str, **aspects: Any) -> None:
-    """Register one aspect (``scratch=``, ``layout=``, ``dropped=``, ``held=``, ``writes=``) for ``ops``
+    """Register one aspect (``scratch=``, ``layout=``, ``dropped=``, ``held=``, ``writes=``,
+    ``workspace=``, ``granularity=``) for ``ops``
     (``None``: a rule about every op, such as how Python-number operands are wrapped)."""
     for op in ops if isinstance(ops, list) else [ops]:
         RULES.append(MemoryRule(op, device, doc, source, **aspects))
     rules_for.cache_clear()
+    granularity.cache_clear()
 
 
 def scratch_rule(ops: OpOverload | list[OpOverload] | None, device: str, doc: str, source: str, **aspects: Any):
@@ -99,10 +109,29 @@ def hidden_writes(op: OpOverload) -> tuple[int, ...]:
     return tuple(sorted(set(written)))
 
 
+@functools.lru_cache(maxsize=None)
+def granularity(device: str) -> int:
+    """The allocation granularity on ``device`` (1: bytes are counted as they are)."""
+    _load()
+    return max([r.granularity for r in RULES if r.device == device and r.granularity] or [1])
+
+
+def workspace_bytes(ctx: RuleContext) -> int:
+    """Library workspaces resident on ``ctx.device`` once a step has run (the rules' ``workspace``)."""
+    _load()
+    return sum(r.workspace(ctx) for r in RULES if r.device == ctx.device and r.workspace is not None)
+
+
+def round_up(nbytes: int, device: str) -> int:
+    """``nbytes`` as the allocator of ``device`` counts it (0 stays 0: an empty tensor allocates nothing)."""
+    step = granularity(device)
+    return nbytes if step == 1 or nbytes <= 0 else -(-nbytes // step) * step
+
+
 def nbytes(t: Any) -> int:
     """Bytes of a tensor's elements (0 for anything else)."""
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
 
 
 def _load() -> None:
-    from . import common, cpu, cpu_conv  # noqa: F401  (each registers its rules on import)
+    from . import common, cpu, cpu_conv, cuda  # noqa: F401  (each registers its rules on import)
