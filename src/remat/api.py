@@ -49,22 +49,24 @@ def _unaliased(args: tuple, kwargs: dict | None) -> tuple[tuple, dict | None]:
 
 @public
 def profile(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | None = None, *,
-            calibrate: bool | None = None) -> ModelProfile:
+            calibrate: bool | None = None, device: str | torch.device | None = None) -> ModelProfile:
     """Predict FLOPs, per-node memory and the peak of one training step, on fake tensors.
 
     The model is traced (it is not modified) and its step simulated without allocating real
     memory: ``example_inputs`` may live on the meta device.  Kernel scratch is measured op by op
     on this machine when the inputs are real CPU tensors (``calibrate=None``; True/False force it),
-    else bounded by the memory rules.
+    else bounded by the memory rules.  ``device="cuda"`` predicts the step on a GPU (its kernels,
+    its allocator's accounting) for a model and inputs on the CPU or meta; default: where they are.
     """
-    return trace_and_profile(model, _as_args(example_inputs), kwargs, calibrate).profile
+    return trace_and_profile(model, _as_args(example_inputs), kwargs, calibrate, device=device).profile
 
 
 @public
 def checkpoint(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | None = None, *,
                budget: int | float | str | None = None, solver: str = "rotor",
                shared_inputs: tuple[str, ...] = (), slots: int = DEFAULT_SLOTS,
-               world_size: int = 1, sharding: str | None = None, calibrate: bool | None = None) -> fx.GraphModule:
+               world_size: int = 1, sharding: str | None = None, calibrate: bool | None = None,
+               device: str | torch.device | None = None) -> fx.GraphModule:
     """A GraphModule that trains like ``model`` within ``budget``, recomputing what it must.
 
     ``budget``: bytes (int), a size ("1.5GiB", "800MB"), or a fraction in (0, 1] of what
@@ -78,6 +80,10 @@ def checkpoint(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | 
     per process, parameters and gradients are sharded N ways, and ``example_inputs`` is one
     process's batch.  Wrap the result with ``remat.fully_shard(gm, mesh)``, the layout the
     prediction assumes (src/remat/sharding.py says what it includes).
+
+    ``device="cuda"`` plans for a GPU from a model and inputs on the CPU or meta (no GPU needed):
+    the step is simulated with the GPU's kernels and its caching allocator's accounting
+    (docs/memory.md).  The returned module has no device in it: move it and its inputs to the GPU.
     """
     if budget is None and get_solver(solver).budgeted:
         budget = 0.5
@@ -86,7 +92,7 @@ def checkpoint(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | 
         raise ValueError(f"budget='min' needs a solver that plans under a budget, not {solver!r}")
     args, kwargs = _unaliased(_as_args(example_inputs), kwargs)
     problem = prepare(model, args, kwargs, tuple(shared_inputs),
-                      world_size=world_size, sharding=sharding, calibrate=calibrate)
+                      world_size=world_size, sharding=sharding, calibrate=calibrate, device=device)
     with progress.step("plan", f"{solver}, budget {parsed}" if parsed else solver):
         gm, plan = plan_problem(problem, solver, parsed, SolveSettings(slots=slots))
     gm = _agree_across_ranks(problem, gm, plan)
@@ -120,8 +126,8 @@ def _agree_across_ranks(problem: Problem, gm: fx.GraphModule, plan: Plan) -> fx.
 @public
 def checkpoint_(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | None = None, *,
                 budget: int | float | str | None = None, solver: str = "rotor",
-                shared_inputs: tuple[str, ...] = (), slots: int = DEFAULT_SLOTS, calibrate: bool | None = None
-                ) -> torch.nn.Module:
+                shared_inputs: tuple[str, ...] = (), slots: int = DEFAULT_SLOTS, calibrate: bool | None = None,
+                device: str | torch.device | None = None) -> torch.nn.Module:
     """Plan ``model`` like ``checkpoint`` and keep the model object: afterwards its own ``forward``
     runs the planned code for training calls like ``model(*example_inputs, **kwargs)`` and its
     original forward for every other call (under ``no_grad``, in ``eval()``, with other keyword
@@ -133,7 +139,7 @@ def checkpoint_(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict |
     if inplace.is_attached(model):
         inplace.detach(model)
     gm = checkpoint(model, args, kwargs, budget=budget, solver=solver, shared_inputs=shared_inputs, slots=slots,
-                    calibrate=calibrate)
+                    calibrate=calibrate, device=device)
     inplace.attach(model, gm, args, kwargs or {})
     model.__dict__["remat_plan"] = gm.remat_plan
     return model

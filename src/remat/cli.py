@@ -78,6 +78,13 @@ def _build(args: argparse.Namespace, meta_inputs: bool = False) -> Any:
         return zoo.build(args.spec, args.batch, meta_inputs=meta_inputs)
 
 
+def _check_measure_device(args: argparse.Namespace) -> None:
+    """--measure runs the model where it is built (the CPU): refuse to compare it with a GPU plan."""
+    if getattr(args, "measure", False) and getattr(args, "device", None) == "cuda":
+        raise ValueError("--measure runs one real step on the CPU, where the zoo builds the model; a --device cuda "
+                         "plan is measured on a GPU by benchmarks/cuda.py")
+
+
 # --- commands ---------------------------------------------------------------------------------------
 def _cmd_flops(args: argparse.Namespace) -> int:
     from .profiler import count_flops
@@ -97,9 +104,11 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     from .measure import measure_peak
     from .units import fmt_bytes
 
+    _check_measure_device(args)
     work = _build(args, meta_inputs=not args.measure)
-    prof = profile(work.model, work.inputs, work.kwargs)
-    print(f"{work.name}  batch {args.batch}  traced with {prof.frontend}, profiled on fake tensors "
+    prof = profile(work.model, work.inputs, work.kwargs, device=args.device)
+    on = f" for {args.device}" if args.device else ""
+    print(f"{work.name}  batch {args.batch}  traced with {prof.frontend}, profiled{on} on fake tensors "
           f"in {prof.profile_seconds:.2f} s\n")
     print(prof.table(top=args.top))
     if args.measure:
@@ -164,10 +173,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         raise ValueError(f"--budget min needs a solver that plans under a budget "
                          f"({', '.join(n for n, s in SOLVERS.items() if s.budgeted)}), not {args.solver}")
     _needs_matplotlib("--timeline", args.timeline)
+    _check_measure_device(args)
     work = _build(args)
     start = time.perf_counter()
     problem = prepare(work.model, work.inputs, work.kwargs, work.shared_inputs,
-                      world_size=args.world_size, sharding=args.sharding)
+                      world_size=args.world_size, sharding=args.sharding, device=args.device)
     budget: Budget = args.budget  # a fixed solver's plan is checked against it too
     if solver.budgeted and not budget.minimum:
         budget_bytes = budget.resolve(problem.fixed, problem.unconstrained)
@@ -223,9 +233,10 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     from .sweep import draw_pareto, sweep, sweep_table
 
     _needs_matplotlib("--plot", args.plot)
+    _check_measure_device(args)
     work = _build(args)
     result = sweep(work.model, work.inputs, work.kwargs, work.shared_inputs, points=args.points,
-                   progress=progress.enabled(), measure=args.measure)
+                   progress=progress.enabled(), measure=args.measure, device=args.device)
     print(sweep_table(result.rows))
     if args.plot:
         budget = None if args.budget is None else args.budget.resolve(result.fixed_bytes, result.unconstrained_bytes)
@@ -250,6 +261,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                         f"the current directory is searched), or '{DEFAULT_SPEC}' (the default: a residual MLP)")
     p.add_argument("--batch", type=_positive_int, default=4, metavar="N",
                    help="batch size of the example inputs (default 4)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="the device the training step will run on: cuda predicts a GPU step (its kernels and "
+                        "caching allocator) on fake tensors, no GPU needed (default: where the model is built, "
+                        "the CPU)")
 
 
 def build_parser() -> argparse.ArgumentParser:

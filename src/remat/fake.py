@@ -6,6 +6,9 @@ them through ``torch.func.functional_call``, so the user's module and tensors ar
 Meta tensors (a model moved to meta, ``torch.rand(..., device="meta")`` inputs) become fake tensors
 on the device the step would really run on, so dispatch picks the same kernels as a real run (on
 the CPU, ``scaled_dot_product_attention`` is the flash kernel, on meta it would be the math path).
+A session for another device (planning a GPU step from tensors on the CPU) makes every tensor on a
+device other than its own a fake of the same size, strides, dtype and ``requires_grad`` on its
+device; tensors sharing a storage share one fake storage.
 """
 from __future__ import annotations
 
@@ -44,12 +47,32 @@ class FakeSession:
     mode: FakeTensorMode = field(default_factory=lambda: FakeTensorMode(allow_non_fake_inputs=True))
     # id(real) -> (real, fake): holding the real tensor keeps its id from being reused.
     _memo: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    # id(real storage) -> (real storage, fake storage), for tensors moved to another device
+    _storages: dict[int, tuple[Any, Any]] = field(default_factory=dict)
 
     @classmethod
-    def for_call(cls, module: torch.nn.Module | None, args: Any, kwargs: Any = None) -> "FakeSession":
+    def for_call(cls, module: torch.nn.Module | None, args: Any, kwargs: Any = None,
+                 device: torch.device | None = None) -> "FakeSession":
+        """A session for one call; ``device``: where its fakes live (default: where the call's
+        tensors are)."""
+        if device is not None:
+            return cls(device)
         state = [] if module is None else [*module.parameters(), *module.buffers()]
         flat, _ = tree_flatten((args, kwargs or {}))
         return cls(target_device([*state, *flat]))
+
+    def _moved(self, t: torch.Tensor) -> torch.Tensor:
+        """A fake of ``t`` on this session's device over a fake twin of ``t``'s storage (so views of
+        one storage stay views of one storage); ``t``'s data is never read."""
+        real = t.untyped_storage()
+        known = self._storages.get(id(real))
+        with self.mode, torch.no_grad():
+            if known is None:
+                base = torch.empty(real.nbytes(), dtype=torch.uint8, device=self.device).untyped_storage()
+                known = self._storages[id(real)] = (real, base)
+            fake = torch.empty(0, dtype=t.dtype, device=self.device).set_(known[1], t.storage_offset(), t.size(),
+                                                                          t.stride())
+        return fake.requires_grad_(t.requires_grad)
 
     def tensor(self, t: torch.Tensor) -> torch.Tensor:
         """A fake twin of ``t`` with the same size, strides, dtype and requires_grad; no data."""
@@ -58,7 +81,9 @@ class FakeSession:
         memo = self._memo.get(id(t))
         if memo is not None:
             return memo[1]
-        if t.device.type == "meta":
+        if t.device.type not in ("meta", self.device.type):
+            fake = self._moved(t)
+        elif t.device.type == "meta":
             with self.mode:
                 fake = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=self.device)
             fake.requires_grad_(t.requires_grad)

@@ -3,7 +3,9 @@
 Peak = bytes resident before the step (parameters, buffers, inputs) + the highest amount allocated
 during the step above that.  On the CPU the amount comes from the allocator's own events
 (``torch.profiler`` with ``profile_memory=True``: the running sum of every ``[memory]`` record); on
-CUDA from ``torch.cuda.max_memory_allocated()`` after ``reset_peak_memory_stats()``.
+CUDA from ``torch.cuda.max_memory_allocated()`` after ``reset_peak_memory_stats()``, minus what was
+allocated when the step began (the cuBLAS workspaces torch caches are freed first and counted as the
+step allocates them again).
 
 A real step writes ``.grad`` and updates BatchNorm statistics; ``measure_peak`` puts both back, so
 the caller's model leaves it as it came in.
@@ -65,7 +67,12 @@ def _cpu_window(model: torch.nn.Module, args: tuple, kwargs: dict, series: bool 
 
 
 def _cuda_peak_above(model: torch.nn.Module, args: tuple, kwargs: dict, device: torch.device) -> int:
+    """max_memory_allocated above the start of one step.  torch keeps the cuBLAS workspaces its
+    first matmul allocated (profiler/rules/cuda.py): they are freed first, so this step allocates
+    them again and counts them, as remat's prediction does (resident bytes of every step)."""
     torch.cuda.synchronize(device)
+    if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):
+        torch._C._cuda_clearCublasWorkspaces()
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
     loss = loss_of(model(*args, **kwargs))

@@ -60,24 +60,25 @@ def _measure(gm: torch.nn.Module, args: tuple, kwargs: dict | None) -> int:
 
 def sweep(model: torch.nn.Module, args: tuple, kwargs: dict | None = None, shared_inputs: tuple[str, ...] = (),
           *, points: int = 8, solvers: tuple[str, ...] = tuple(SOLVERS), progress: bool = False,
-          measure: bool = False) -> Sweep:
+          measure: bool = False, device: str | torch.device | None = None) -> Sweep:
     """Plan ``model`` with every solver; budgeted solvers at ``points`` fractions from the minimum up to 1.
 
     ``progress=True`` shows each plan on stderr (``remat.progress``); ``measure=True`` runs each plan
-    for one real step and records its measured peak."""
+    for one real step and records its measured peak; ``device="cuda"`` plans for a GPU (see
+    ``remat.checkpoint``)."""
     was_on = _progress.enabled()
     if progress and not was_on:
         _progress.enable()
     try:
-        return _sweep(model, args, kwargs, shared_inputs, points, solvers, measure)
+        return _sweep(model, args, kwargs, shared_inputs, points, solvers, measure, device)
     finally:
         if progress and not was_on:
             _progress.disable()
 
 
 def _sweep(model: torch.nn.Module, args: tuple, kwargs: dict | None, shared_inputs: tuple[str, ...],
-           points: int, solvers: tuple[str, ...], measure: bool) -> Sweep:
-    problem = prepare(model, args, kwargs, shared_inputs)
+           points: int, solvers: tuple[str, ...], measure: bool, device: str | torch.device | None) -> Sweep:
+    problem = prepare(model, args, kwargs, shared_inputs, device=device)
     span = max(1, problem.unconstrained - problem.fixed)
     low = max(0.0, (model_floor(problem, get_solver("rotor")) - problem.fixed) / span)
     fractions = [min(1.0, low + (1.0 - low) * i / max(points - 1, 1)) for i in range(points)]

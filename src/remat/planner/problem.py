@@ -21,12 +21,14 @@ from ..profiler.calibrate import calibration_for
 from ..profiler.dispatch import ScratchSource, Target
 from ..profiler.model import ModelProfile, profile_graph
 from ..profiler.step import simulate_step
+from ..profiler.timing import machine
 from ..sharding import SHARDINGS, ShardModel, shard_chain, shard_model
 from ..solvers.model import ChainModel
 from ..trace import trace
 from .inputs import contract, user_regions
 
-__all__ = ["Granularity", "Problem", "Profiled", "prepare", "coarsen", "trace_and_profile", "MAX_STAGES"]
+__all__ = ["Granularity", "Problem", "Profiled", "prepare", "coarsen", "trace_and_profile", "resolve_device",
+           "MAX_STAGES"]
 
 # The rotor table grows as stages^2 x slots: 128 stages keep one solve under a second or two on 2
 # cores (benchmarks/solvers.py times the DP), and deep models keep blocks of a few layers each.
@@ -93,8 +95,12 @@ class Problem:
         return self.resident + step.peak_above
 
     def scratch_info(self) -> dict[str, object]:
-        """Where kernel scratch came from, for the plan: measured here, or the rules' bounds."""
-        info: dict[str, object] = {"threads": self.target.threads}
+        """Where kernel scratch came from, for the plan: measured here, or the rules' bounds; the
+        device planned for, and where op times come from."""
+        info: dict[str, object] = {"threads": self.target.threads, "device": self.target.device.type,
+                                   "times": machine(self.target.device.type, self.target.threads).source}
+        if self.target.stand_in:
+            info["simulated_on"] = self.target.fake_device.type  # profiler/standin.py
         if self.scratch is None or not hasattr(self.scratch, "measured"):
             info["scratch"] = "rules"
         else:
@@ -131,15 +137,30 @@ class Profiled:
     scratch: ScratchSource | None
 
 
+def resolve_device(device: str | torch.device | None, tensors: list[torch.Tensor]) -> torch.device:
+    """The device a plan is for: ``device`` ("cpu", "cuda", "cuda:1"), or where the model's tensors
+    are (the CPU for meta tensors)."""
+    if device is None:
+        return target_device(tensors)
+    found = torch.device(device)
+    if found.type not in ("cpu", "cuda"):
+        raise ValueError(f"remat plans for device 'cpu' or 'cuda', not {str(device)!r}")
+    if found.type == "cuda" and found.index is None:
+        found = torch.device("cuda", 0)
+    return found
+
+
 def trace_and_profile(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
-                      calibrate: bool | None = None, check: bool = True) -> Profiled:
-    """Trace ``model`` and profile one step of the trace for the device its tensors are on; with
-    the model's own checkpoint calls, the step's peak is the one with them in place."""
+                      calibrate: bool | None = None, check: bool = True,
+                      device: str | torch.device | None = None) -> Profiled:
+    """Trace ``model`` and profile one step of the trace for ``device`` (default: the device its
+    tensors are on); with the model's own checkpoint calls, the step's peak is the one with them
+    in place."""
     with progress.step("trace and check" if check else "trace"):
         gm = trace(model, args, kwargs, check=check)
     tensors = [t for t in (*model.parameters(), *model.buffers(), *tree_leaves((args, kwargs)))
                if isinstance(t, torch.Tensor)]
-    target = Target(target_device(tensors))
+    target = Target(resolve_device(device, tensors))
     scratch = calibration_for(target, tensors, calibrate)
     with progress.step("profile"):
         prof = profile_graph(gm, args, kwargs, target, scratch)
@@ -156,17 +177,18 @@ def trace_and_profile(model: torch.nn.Module, args: tuple, kwargs: dict | None =
 def prepare(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
             shared_inputs: tuple[str, ...] = (), max_stages: int = MAX_STAGES, *,
             world_size: int = 1, sharding: str | None = None, calibrate: bool | None = None,
-            check: bool = True) -> Problem:
+            check: bool = True, device: str | torch.device | None = None) -> Problem:
     """Trace, profile and linearize once; ``sharding="fsdp"`` plans per process (sharding.py).
 
     ``calibrate``: measure kernel scratch on this machine (None: when the model and inputs are
-    real CPU tensors; profiler/calibrate.py)."""
+    real CPU tensors; profiler/calibrate.py).  ``device``: the device the step will run on ("cuda"
+    plans a GPU step from a model on the CPU or meta; default: where the model's tensors are)."""
     if sharding not in (None, *SHARDINGS):
         raise ValueError(f"unknown sharding {sharding!r}; choose None or one of {', '.join(SHARDINGS)}")
     if sharding is None and world_size != 1:
         raise ValueError("world_size only changes the plan with sharding='fsdp'; under DDP every process "
                          "holds the whole model, so plan with the defaults")
-    done = trace_and_profile(model, args, kwargs, calibrate, check)
+    done = trace_and_profile(model, args, kwargs, calibrate, check, device)
     gm, prof = done.gm, done.profile
     problem = Problem(gm, args, kwargs or {}, prof, done.baseline, done.user_regions, target=done.target,
                       scratch=done.scratch)

@@ -303,7 +303,8 @@ def calibration_for(target: Target, tensors: Iterable[torch.Tensor], enabled: bo
         return None
     if target.device.type != "cpu":
         if enabled:
-            raise ValueError(f"scratch can only be measured on this machine's CPU, not on {target.device}")
+            raise ValueError(f"scratch can only be measured on this machine's CPU, not on {target.device} "
+                             "(a CUDA plan's scratch comes from the cuda memory rules)")
         return None
     if enabled is None and any(t.device.type == "meta" for t in tensors):
         return None

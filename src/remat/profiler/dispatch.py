@@ -23,8 +23,9 @@ from ..fake import FakeSession, module_of
 from ..step import reparametrized
 from .flops import decomposes, run_op
 from .memory import StorageTracker, storages_of
-from .rules import MemoryRule, RuleContext, rules_for
+from .rules import MemoryRule, RuleContext, round_up, rules_for, workspace_bytes
 from .rules.composites import EagerComposites
+from .standin import fake_device_for, init_cuda_context, stand_in
 
 __all__ = ["Target", "KernelMemory", "ScratchSource", "RuleScratch", "AccountingMode", "Simulation", "default_threads"]
 
@@ -49,6 +50,25 @@ class Target:
     @property
     def context(self) -> RuleContext:
         return RuleContext(self.device.type, self.threads)
+
+    @property
+    def fake_device(self) -> torch.device:
+        """Where the step's fake tensors live here: the device, or the CPU standing in for a GPU this
+        machine lacks (profiler/standin.py)."""
+        return fake_device_for(self.device)
+
+    @property
+    def stand_in(self) -> bool:
+        return self.fake_device.type != self.device.type
+
+    @property
+    def workspace(self) -> int:
+        """Library workspaces resident on the device once a step has run (cuBLAS's; the rules)."""
+        return workspace_bytes(self.context)
+
+    def allocated(self, nbytes: int) -> int:
+        """``nbytes`` as this device's allocator counts an allocation of them (rules' granularity)."""
+        return round_up(nbytes, self.device.type)
 
 
 @dataclass(frozen=True)
@@ -117,6 +137,8 @@ class AccountingMode(TorchDispatchMode):
         self.ctx = target.context
         self.scratch = scratch or RuleScratch()
         self.observer = observer
+        # ops on the stand-in's device run as the target's (profiler/standin.py)
+        self.stand_in = target.fake_device.type if target.stand_in else None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -132,6 +154,8 @@ class AccountingMode(TorchDispatchMode):
 
     def account(self, func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[Any, KernelMemory]:
         device = _op_device(args, out)
+        if device is not None and device == self.stand_in:
+            device = self.ctx.device
         rules = rules_for(func, device) if device is not None else ()
         kernel = (self.scratch.kernel(func, args, kwargs, out, rules, self.ctx) if device == self.ctx.device
                   else KernelMemory())
@@ -157,7 +181,8 @@ class AccountingMode(TorchDispatchMode):
 @contextmanager
 def _tracked_rng_state(tracker: StorageTracker) -> Iterator[None]:
     """torch.utils.checkpoint stashes the CPU RNG state (a real 5 KB tensor, made outside any op)
-    for every region that preserves it; count those like any other storage."""
+    for every region that preserves it; count those like any other storage (CPU targets only: on a
+    GPU both stashed states are host tensors, profiler/rules/cuda.py)."""
     original = torch.get_rng_state
 
     def get_rng_state() -> torch.Tensor:
@@ -180,7 +205,8 @@ class Simulation:
                  target: Target | None = None, scratch: ScratchSource | None = None) -> None:
         self.fn = fn
         self.module = module_of(fn)
-        self.session = FakeSession.for_call(self.module, args, kwargs)
+        self.session = FakeSession.for_call(self.module, args, kwargs,
+                                            device=None if target is None else target.fake_device)
         self.target = target or Target(self.session.device)
         self.scratch = scratch
         self.state = self.session.state(self.module) if self.module is not None else {}
@@ -188,16 +214,21 @@ class Simulation:
         self.kwargs = self.session.tree(kwargs or {})
         flat, _ = tree_flatten((self.args, self.kwargs))
         self.inputs = [t for t in flat if isinstance(t, torch.Tensor)]
-        self.tracker = StorageTracker()
+        self.tracker = StorageTracker(round_bytes=self.target.allocated)
         self.tracker.mark_resident([*self.state.values(), *self.inputs])
 
     @contextmanager
     def running(self, observer: Observer | None = None) -> Iterator[AccountingMode]:
         mode = AccountingMode(self.tracker, self.target, self.scratch, observer)
+        if self.target.device.type == "cuda" and not self.target.stand_in:
+            init_cuda_context(self.target.fake_device)
         with ExitStack() as stack:
             stack.enter_context(self.session.mode)
             stack.enter_context(reparametrized(self.module, self.state))
-            stack.enter_context(_tracked_rng_state(self.tracker))
+            if self.target.device.type == "cpu":
+                stack.enter_context(_tracked_rng_state(self.tracker))
+            if self.target.stand_in:
+                stack.enter_context(stand_in(self.target.device))
             stack.enter_context(EagerComposites())
             stack.enter_context(mode)
             yield mode

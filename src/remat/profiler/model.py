@@ -37,13 +37,15 @@ class ModelProfile:
     frontend: str = ""
     profile_seconds: float = 0.0
     inlined_peak_bytes: int = 0  # the peak with the model's own checkpoint calls run inline
+    workspace_bytes: int = 0  # library workspaces resident on the device (CUDA: cuBLAS's; rules/cuda.py)
+    device: str = "cpu"  # the device the step was predicted for
 
     def __post_init__(self) -> None:
         self.inlined_peak_bytes = self.inlined_peak_bytes or self.peak_bytes
 
     @property
     def resident_bytes(self) -> int:
-        return self.param_bytes + self.buffer_bytes + self.input_bytes
+        return self.param_bytes + self.buffer_bytes + self.input_bytes + self.workspace_bytes
 
     def table(self, top: int | None = None) -> str:
         """Per-node table (the ``top`` nodes by saved + output bytes, or all) and totals."""
@@ -61,6 +63,9 @@ class ModelProfile:
                   f"parameters     {fmt_bytes(self.param_bytes):>12}    buffers        {fmt_bytes(self.buffer_bytes):>12}",
                   f"inputs         {fmt_bytes(self.input_bytes):>12}    gradients      {fmt_bytes(self.grad_bytes):>12}",
                   f"saved for bwd  {fmt_bytes(self.saved_bytes):>12}    predicted peak {fmt_bytes(self.peak_bytes):>12}"]
+        if self.workspace_bytes:
+            lines.append(f"workspaces     {fmt_bytes(self.workspace_bytes):>12}    (resident on {self.device}: "
+                         "cuBLAS's, kept by torch after the first matmul)")
         return "\n".join(lines)
 
 
@@ -88,7 +93,7 @@ def profile_graph(gm: fx.GraphModule, args: tuple, kwargs: dict | None = None,
         profiler.finish()
     grads = [t.grad for t in fake_params if t.grad is not None]
     nodes = [n.meta[META_KEY] for n in gm.graph.nodes]
-    resident = storage_bytes([*fake_params, *fake_buffers, *sim.inputs])
+    resident = storage_bytes([*fake_params, *fake_buffers, *sim.inputs]) + sim.target.workspace
     return ModelProfile(
         fwd_flops=sum(n.fwd_flops for n in nodes) + profiler.unattributed[FWD],
         bwd_flops=sum(n.bwd_flops for n in nodes) + profiler.unattributed[BWD],
@@ -101,6 +106,8 @@ def profile_graph(gm: fx.GraphModule, args: tuple, kwargs: dict | None = None,
         nodes=nodes,
         frontend=getattr(gm, "remat_frontend", ""),
         profile_seconds=time.perf_counter() - start,
+        workspace_bytes=sim.target.workspace,
+        device=sim.target.device.type,
     )
 
 

@@ -22,7 +22,7 @@ __all__ = ["StepMemory", "simulate_step"]
 class StepMemory:
     """Predicted memory of one training step, in bytes."""
 
-    resident: int  # parameters, buffers and inputs, alive before the step
+    resident: int  # parameters, buffers and inputs, alive before the step (and library workspaces)
     peak_above: int  # highest simulated allocation above the resident bytes
     grad_bytes: int  # gradients alive at the end of the step
 
@@ -66,4 +66,4 @@ def simulate_step(fn: Callable[..., Any], args: tuple, kwargs: dict | None = Non
         del loss
     grads = [t.grad for t in sim.state.values() if t.grad is not None]
     grad_bytes = storage_bytes(grads) + storage_bytes(shards)
-    return StepMemory(storage_bytes(resident_tensors), sim.tracker.peak, grad_bytes)
+    return StepMemory(storage_bytes(resident_tensors) + sim.target.workspace, sim.tracker.peak, grad_bytes)

@@ -107,9 +107,16 @@ class Plan:
         if scratch == "measured":
             lines.append(f"kernel scratch  measured on this machine ({self.info.get('threads')} threads; "
                          f"{self.info.get('measured_signatures', 0)} new op signatures measured, the rest cached)")
+        elif scratch == "rules" and self.info.get("device", "cpu") != "cpu":
+            lines.append(f"kernel scratch  bounded by remat's {self.info['device']} rules (not measured: remat "
+                         "measures kernels on this machine's CPU only)")
         elif scratch == "rules":
             lines.append("kernel scratch  bounded by remat's rules (the ops could not run here: inputs on meta, "
                          "another device, or calibrate=False)")
+        if self.info.get("device", "cpu") != "cpu":
+            where = (f", simulated on fake {self.info['simulated_on']} tensors standing in for it"
+                     if self.info.get("simulated_on") else "")
+            lines.append(f"planned for     {self.info['device']}{where}; op times {self.info.get('times', '')}")
         users = self.info.get("user_checkpoints")
         if users:
             verdict = ("kept: the step fits the budget as the model checkpoints it" if self.info.get("user_checkpoints_kept")
