@@ -19,6 +19,7 @@ With a GPU present the step runs on fake CUDA tensors and none of this applies.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -32,8 +33,9 @@ __all__ = ["fake_device_for", "cuda_sdpa_backend", "CudaStandIn", "stand_in"]
 
 def fake_device_for(device: torch.device) -> torch.device:
     """Where the fake tensors of a step on ``device`` live on this machine: the device itself when
-    this machine can simulate it, else the CPU (the stand-in)."""
-    if device.type == "cuda" and not torch.cuda.is_available():
+    this machine can simulate it, else the CPU (the stand-in).  ``REMAT_STANDIN=1`` forces the
+    stand-in with a GPU present (benchmarks/cuda.py checks what a machine without one predicts)."""
+    if device.type == "cuda" and (not torch.cuda.is_available() or os.environ.get("REMAT_STANDIN") == "1"):
         return torch.device("cpu")
     if device.type == "meta":
         return torch.device("cpu")
