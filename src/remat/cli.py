@@ -261,10 +261,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                         f"the current directory is searched), or '{DEFAULT_SPEC}' (the default: a residual MLP)")
     p.add_argument("--batch", type=_positive_int, default=4, metavar="N",
                    help="batch size of the example inputs (default 4)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
-                   help="the device the training step will run on: cuda predicts a GPU step (its kernels and "
-                        "caching allocator) on fake tensors, no GPU needed (default: where the model is built, "
-                        "the CPU)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None, metavar="DEV",
+                   help="cpu or cuda, the device the training step will run on: cuda predicts a GPU step (its "
+                        "kernels and caching allocator) on fake tensors, no GPU needed (default: where the model "
+                        "is built, the CPU)")
 
 
 def build_parser() -> argparse.ArgumentParser:
