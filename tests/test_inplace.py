@@ -178,8 +178,6 @@ def test_generated_modules_keep_train_and_eval_consistent(gpt2):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="torch.export traces bake the training mode in (dropout, batch statistics): "
-                                       "eval() on such a generated module does not turn dropout off")
 def test_an_export_traced_module_in_eval_mode_is_deterministic(gpt2):
     gm = gpt2[0].__dict__["_remat_inplace"].module
     assert gm.remat_frontend == "export"

@@ -270,3 +270,32 @@ def test_a_generated_module_pickles_with_its_checkpoints_and_modes():
     for k in ref[1]:
         torch.testing.assert_close(got[1][k], ref[1][k])
     assert ref[1].keys() == got[1].keys()
+
+
+class _ShapeBranchDropout(torch.nn.Module):
+    """Branches on a shape (symbolic_trace cannot, torch.export can) and uses dropout and batch
+    norm both as modules and as ``F.dropout(..., self.training)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.bn, self.drop = torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Dropout(0.5)
+
+    def forward(self, x):
+        h = self.lin(x)
+        if h.shape[0] > 1:
+            h = h * 2
+        return torch.nn.functional.dropout(self.drop(self.bn(h)), 0.3, self.training).relu()
+
+
+def test_an_export_traced_module_follows_eval_like_the_model():
+    model, x = _ShapeBranchDropout(), torch.randn(4, 8)
+    gm = remat.checkpoint(model, (x,), solver="every-stage")
+    assert gm.remat_frontend == "export"
+    gm.eval(), model.eval()
+    with torch.no_grad():
+        assert torch.equal(gm(x), model(x))  # no dropout, running statistics: deterministic and equal
+    gm.train(), model.train()
+    torch.manual_seed(1)
+    a = gm(x)
+    torch.manual_seed(1)
+    assert torch.allclose(a, model(x))  # and back in training the same masks and batch statistics

@@ -128,7 +128,7 @@ def _early_floor(problem: Any, solver_name: str, slots: int) -> int | None:
     from .solvers.registry import SolveSettings, get_solver
 
     solver = get_solver(solver_name)
-    if not solver.budgeted or solver.floor is None:
+    if not solver.budgeted or solver.least is None:
         return None
     with progress.step("floor"):
         floor = model_floor(problem, solver, SolveSettings(slots=slots))

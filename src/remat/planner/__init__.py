@@ -30,8 +30,9 @@ def plan_problem(problem: Problem, solver_name: str, budget: Budget | None,
                  settings: SolveSettings = SolveSettings(), verify: bool = True) -> tuple[fx.GraphModule, Plan]:
     """Solve, generate and verify; returns the module and its Plan (or raises InfeasibleBudget).
 
-    When nothing passes at the budget, the smallest budget that does is searched; it is reported
-    in InfeasibleBudget, or, should it lie within the budget after all, its plan is returned.
+    When nothing passes at the budget, the smallest budget that does is found (the least-memory
+    plan, verified once); it is reported in InfeasibleBudget, or, should that plan fit the budget
+    after all, it is returned.  ``budget.minimum`` plans at that smallest budget.
     """
     solver = get_solver(solver_name)
     start = time.perf_counter()
@@ -59,6 +60,7 @@ def plan_problem(problem: Problem, solver_name: str, budget: Budget | None,
               "resident_bytes": problem.resident, "solve_seconds": round(time.perf_counter() - start, 3),
               "attempts": found.attempts, "frontend": problem.profile.frontend, "slots": settings.slots,
               "granularity": found.level.name, **problem.scratch_info(),
+              "margin_bytes": problem.margin.allowance(found.peak) if found.regions else 0,
               "recompute_seconds": recompute_time(model, found.regions),
               "step_seconds": sum(n.fwd_time + n.bwd_time for n in problem.profile.nodes),
               "inputs": {n: list(sh) for n, sh in zip(problem.gm.remat_contract.names, problem.gm.remat_contract.shapes)

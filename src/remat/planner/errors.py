@@ -1,12 +1,9 @@
 """The messages of InfeasibleBudget: what did not fit, and the smallest budget that does."""
 from __future__ import annotations
 
-import math
-
 from ..errors import InfeasibleBudget
 from ..units import fmt_bytes
 from .problem import Problem
-from .search import VERIFY_MARGIN
 
 __all__ = ["infeasible", "fixed_plan_too_big"]
 
@@ -36,7 +33,7 @@ def infeasible(problem: Problem, budget_bytes: int, solver: str, need: int) -> I
 
 def fixed_plan_too_big(problem: Problem, budget_bytes: int, solver: str, peak: int | None) -> InfeasibleBudget:
     """A fixed plan (every-stage, chen-sqrtn) is over the budget; say what it needs."""
-    need = math.ceil((peak or problem.unconstrained) / (1 - VERIFY_MARGIN))
+    need = problem.margin.budget_for(peak) if peak else problem.unconstrained
     fraction = (need - problem.fixed) / max(1, problem.unconstrained - problem.fixed)
     return InfeasibleBudget(
         f"the {solver} plan does not fit a budget of {budget_bytes} bytes ({fmt_bytes(budget_bytes)}): its "

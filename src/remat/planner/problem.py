@@ -17,6 +17,7 @@ from .. import progress
 from ..chain import Chain, linearize
 from ..codegen import NodeRegion, build
 from ..fake import target_device
+from ..margin import Margin, margin_for
 from ..profiler.calibrate import calibration_for
 from ..profiler.dispatch import ScratchSource, Target
 from ..profiler.model import ModelProfile, profile_graph
@@ -93,6 +94,11 @@ class Problem:
             return simulate_step(gm, self.args, self.kwargs, target=self.target, scratch=self.scratch).peak
         step = simulate_step(gm, self.args, self.kwargs, self.shard.grad_shards, self.target, self.scratch)
         return self.resident + step.peak_above
+
+    @property
+    def margin(self) -> Margin:
+        """How far a real peak may exceed this problem's predictions (by where scratch came from)."""
+        return margin_for("rules" if self.scratch is None or not hasattr(self.scratch, "measured") else "measured")
 
     def scratch_info(self) -> dict[str, object]:
         """Where kernel scratch came from, for the plan: measured here, or the rules' bounds; the

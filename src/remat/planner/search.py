@@ -1,13 +1,13 @@
 """Find a verified plan at one budget, and the smallest budget at which one exists.
 
-The solvers work on the stage model; the generated module is then simulated on fake tensors.  If
-that prediction is over the budget, the solver's limit is tightened by the overshoot and it solves
-again (``find_plan``).  ``smallest_budget`` walks up from the solver's own model floor to the first
-budget that passes, then bisects down.
+The solvers work on the stage model; the generated module is then simulated on fake tensors and
+verified: its predicted peak plus the problem's margin (``remat/margin.py``, from measured errors)
+must fit the budget.  If not, the solver's limit is tightened by the overshoot and it solves again
+(``find_plan``).  ``smallest_budget`` is direct: the solver's least-memory plan on each
+granularity, verified once; its verified need is the floor.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from torch import fx
@@ -19,23 +19,14 @@ from ..solvers.model import ChainModel, evaluate, recompute_time
 from ..solvers.registry import Solver, SolveSettings
 from .problem import Granularity, Problem
 
-__all__ = ["Candidate", "NoFit", "VERIFY_MARGIN", "apply_regions", "smallest_budget",
-           "solve_regions", "model_floor", "find_plan"]
+__all__ = ["Candidate", "NoFit", "apply_regions", "smallest_budget", "solve_regions", "model_floor", "find_plan"]
 
 # Attempts of solve -> generate -> verify at one budget; each tightens the limit by at least the
 # stage model's error on the failed plan, and in practice the second attempt passes.
 MAX_ATTEMPTS = 6
-# The fake-tensor prediction matches real CPU peaks within ~0.1 % (benchmarks/memory.py, the tests);
-# a verified plan must leave this much of the budget unused so a real run stays inside it.
-VERIFY_MARGIN = 0.0025
 # Each retry also tightens the limit by this share of it, so a plan the stage model misjudges is
 # not found again.
 TIGHTEN = 0.005
-# The floor search: steps up from the model's floor, then as many bisection steps down; it stops
-# once the gap is within FLOOR_TOLERANCE of the budget (or FLOOR_MIN_GAP bytes).
-FLOOR_ROUNDS = 4
-FLOOR_TOLERANCE = 0.001
-FLOOR_MIN_GAP = 1024
 
 
 @dataclass
@@ -97,7 +88,7 @@ def model_floor(problem: Problem, solver: Solver, settings: SolveSettings = Solv
     (rotor: the DP optimum; chen-greedy: its best candidate), before any verification."""
     need = []
     for level in problem.levels.values():
-        need.append(solver.floor(level.model, settings) if solver.floor else evaluate(level.model, ()).peak)
+        need.append(solver.floor(level.model, settings))
     return problem.resident + min(need)
 
 
@@ -113,6 +104,7 @@ def find_plan(problem: Problem, solver: Solver, budget_bytes: int | None,
     if solver.budgeted and budget_bytes is not None and problem.unconstrained <= budget_bytes:
         return Candidate(blocks, (), problem.baseline, problem.unconstrained, 1)
     best: int | None = None
+    margin = problem.margin
     for attempts in range(1, MAX_ATTEMPTS + 1):
         with progress.step("solve"):
             found = solve_regions(problem, solver, limit, settings)
@@ -127,14 +119,14 @@ def find_plan(problem: Problem, solver: Solver, budget_bytes: int | None,
                 peak = problem.predict(gm)
         else:
             peak = problem.resident + evaluate(ChainModel.from_chain(level.chain), regions).peak
-        margin = VERIFY_MARGIN if regions else 0.0
-        if budget_bytes is None or peak <= budget_bytes * (1 - margin):
+        # the model's own step needs no margin: it is what the user runs without remat
+        if budget_bytes is None or (margin.budget_for(peak) if regions else peak) <= budget_bytes:
             return Candidate(level, regions, gm, peak, attempts)
         best = peak if best is None else min(best, peak)
         if not solver.budgeted:
             break
         # tighten by the overshoot plus TIGHTEN, and at least by the stage model's error on this plan
-        target = int(budget_bytes * (1 - VERIFY_MARGIN))
+        target = budget_bytes - margin.allowance(peak)
         modeled = problem.resident + evaluate(ChainModel.from_chain(level.chain), regions).peak
         limit = min(limit - (peak - target) - max(1, int(limit * TIGHTEN)),
                     target - problem.resident - max(0, peak - modeled))
@@ -143,36 +135,29 @@ def find_plan(problem: Problem, solver: Solver, budget_bytes: int | None,
 
 def smallest_budget(problem: Problem, solver: Solver, settings: SolveSettings = SolveSettings(),
                     verify: bool = True) -> tuple[int, Candidate]:
-    """The smallest budget (bytes) at which ``solver`` returns a verified plan, and that plan.
+    """The smallest budget (bytes) at which ``solver`` has a verified plan, and that plan.
 
-    Searched upward from the stage model's floor: each failed budget is raised to what its best
-    plan was predicted to need (plus the verification margin); the unconstrained peak, where no
-    checkpointing is needed, always fits. A few bisection steps then narrow the gap between the
-    last budget that failed and the first that passed.
+    Direct, not searched: the solver's least-memory plan on each granularity (rotor: the first
+    feasible column of one DP table) is generated and verified once; the budget it needs is its
+    predicted peak plus the margin.  When that is not below the step without checkpointing, the
+    model's own step is the plan.
     """
-    low, candidate = 0, min(model_floor(problem, solver, settings), problem.unconstrained)
-    found = None
-    for _ in range(FLOOR_ROUNDS):
-        if candidate >= problem.unconstrained:
-            break
-        try:
-            found = find_plan(problem, solver, candidate, settings, verify)
-            break
-        except NoFit as e:
-            low = candidate
-            need = math.ceil(e.best_peak / (1 - VERIFY_MARGIN)) + 1 if e.best_peak is not None else 0
-            candidate = max(need, candidate + max(1, int(candidate * TIGHTEN)))
-    if found is None:
-        candidate = problem.unconstrained
-        found = find_plan(problem, solver, candidate, settings, verify)
-    # the stage model's floor is rounded up to its memory slots: the true floor may lie below it
-    low = low or max(problem.fixed, candidate - 2 * max(1, problem.unconstrained - problem.resident) // settings.slots)
-    for _ in range(FLOOR_ROUNDS):
-        middle = (low + candidate) // 2
-        if candidate - low <= max(FLOOR_MIN_GAP, int(candidate * FLOOR_TOLERANCE)):
-            break
-        try:
-            found, candidate = find_plan(problem, solver, middle, settings, verify), middle
-        except NoFit:
-            low = middle
-    return candidate, found
+    best: Candidate | None = None
+    if solver.least is not None:
+        for level in problem.levels.values():
+            if not len(level.model):
+                continue
+            regions = _expand(solver.least(level.model, settings), level.groups)
+            if not regions:
+                continue
+            gm = apply_regions(problem, regions, level.name)
+            if verify:
+                with progress.step("verify", "the least-memory plan"):
+                    peak = problem.predict(gm)
+            else:
+                peak = problem.resident + evaluate(ChainModel.from_chain(level.chain), regions).peak
+            if best is None or peak < best.peak:
+                best = Candidate(level, regions, gm, peak, 1)
+    if best is None or problem.margin.budget_for(best.peak) >= problem.unconstrained:
+        return problem.unconstrained, Candidate(problem.levels["blocks"], (), problem.baseline, problem.unconstrained, 1)
+    return problem.margin.budget_for(best.peak), best

@@ -98,6 +98,9 @@ class Plan:
         lines.append(f"predicted peak  {fmt_bytes(self.predicted_peak_bytes):>12}"
                      + (f"   ({'fits' if self.predicted_peak_bytes <= self.budget_bytes else 'OVER'})"
                         if self.budget_bytes is not None else ""))
+        if self.info.get("margin_bytes"):
+            lines.append(f"margin          {fmt_bytes(self.info['margin_bytes']):>12}   (kept free of the budget: "
+                         "the measured error of predictions, remat/margin.py)")
         lines.append(f"recompute       {self.recompute_ratio:>12.1%} of the step's FLOPs")
         if self.info.get("step_seconds"):
             overhead = self.info.get("recompute_seconds", 0.0) / self.info["step_seconds"]

@@ -45,7 +45,13 @@ class Solver:
     budgeted: bool  # takes the memory limit into account (else a fixed plan, checked afterwards)
     optimal: bool  # least recomputation under the stage model among all nested plans
     help: str
-    floor: "Callable[[ChainModel, SolveSettings], int] | None" = None  # least modeled peak it can reach
+    least: "Callable[[ChainModel, SolveSettings], tuple[Region, ...]] | None" = None  # its least-memory plan
+
+    def floor(self, model: "ChainModel", settings: SolveSettings) -> int:
+        """The least modeled peak (above resident) this solver reaches: its least-memory plan's."""
+        from .model import evaluate
+
+        return evaluate(model, self.least(model, settings) if self.least else ()).peak
     options: bool = False  # chooses per-op keep/recompute options inside stages
 
 
@@ -69,11 +75,11 @@ def _greedy(model: ChainModel, limit: int, settings: SolveSettings) -> tuple[Reg
     return greedy_regions(model, limit)
 
 
-def _greedy_floor(model: ChainModel, settings: SolveSettings) -> int:
+def _greedy_least(model: ChainModel, settings: SolveSettings) -> tuple[Region, ...]:
     from .chen import greedy_candidates
     from .model import evaluate
 
-    return min(evaluate(model, r).peak for r in greedy_candidates(model))
+    return min(greedy_candidates(model), key=lambda r: evaluate(model, r).peak)
 
 
 def _rotor(model: ChainModel, limit: int, settings: SolveSettings) -> tuple[Region, ...] | None:
@@ -82,21 +88,23 @@ def _rotor(model: ChainModel, limit: int, settings: SolveSettings) -> tuple[Regi
     return solve_rotor(model, limit, settings.slots, settings.retry, settings.selective)
 
 
-def _rotor_floor(model: ChainModel, settings: SolveSettings) -> int:
+def _rotor_least(model: ChainModel, settings: SolveSettings) -> tuple[Region, ...]:
+    """One table over the memory of the step without checkpointing; its first feasible column is
+    the least memory, and the schedule rebuilt there the fastest plan within it."""
     from .model import evaluate
-    from .rotor import solve_table
+    from .rotor import rotor_regions, solve_table
 
     top = evaluate(model, ()).peak
     table = solve_table(model, max(top, 1), settings.slots, settings.selective)
     m = table.min_feasible_slot()
-    return top if m is None else int(m * table.slot)
+    return () if m is None else rotor_regions(table, m) or ()
 
 
 SOLVERS: dict[str, Solver] = {s.name: s for s in (
-    Solver("rotor", _rotor, budgeted=True, optimal=True, floor=_rotor_floor, options=True,
+    Solver("rotor", _rotor, budgeted=True, optimal=True, least=_rotor_least, options=True,
            help="optimal nested regions under the budget (dynamic program, Beaumont et al. 2019), each "
                 "recomputing everything or keeping its matmul/conv/attention outputs; the default"),
-    Solver("chen-greedy", _greedy, budgeted=True, optimal=False, floor=_greedy_floor,
+    Solver("chen-greedy", _greedy, budgeted=True, optimal=False, least=_greedy_least,
            help="Chen et al. 2016's greedy segments: one level of regions, the least recompute that fits"),
     Solver("chen-sqrtn", _sqrtn, budgeted=False, optimal=False,
            help="Chen et al. 2016's sqrt(n) segments, whatever the budget"),

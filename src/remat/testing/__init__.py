@@ -2,6 +2,6 @@
 and random DAG networks for fuzzing.  Public so that users can check their own models the same way:
 ``remat.testing.assert_same_step(model, lambda m: remat.checkpoint(m, inputs), inputs)``."""
 from .fuzz import OPS, FuzzNet, Spec, random_spec
-from .step import assert_same_step, train_step
+from .step import assert_predicted, assert_same_step, train_step
 
-__all__ = ["OPS", "FuzzNet", "Spec", "assert_same_step", "random_spec", "train_step"]
+__all__ = ["OPS", "FuzzNet", "Spec", "assert_predicted", "assert_same_step", "random_spec", "train_step"]

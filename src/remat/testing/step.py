@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..step import floating_outputs, loss_of
+
+if TYPE_CHECKING:
+    from ..margin import Margin
 
 
 def train_step(module: torch.nn.Module, inputs: tuple, seed: int = 0, kwargs: dict | None = None):
@@ -38,3 +42,16 @@ def assert_same_step(original: torch.nn.Module, make_new, inputs: tuple, seed: i
     for k in ref[2]:
         torch.testing.assert_close(got[2][k], ref[2][k], atol=1e-6, rtol=1e-5, msg=lambda m: f"buffer {k}: {m}")
     return new
+
+
+def assert_predicted(predicted: int, measured: int, margin: "Margin | None" = None, what: object = "") -> None:
+    """A measured peak within the margin plans are verified with (remat/margin.py): never more than
+    its allowance above the prediction, and at most its over-prediction share below."""
+    from ..margin import MEASURED
+
+    margin = margin or MEASURED
+    assert measured <= predicted + margin.allowance(predicted), (
+        f"{what}: measured {measured} B is {measured - predicted} B above the prediction {predicted} B, more "
+        f"than the {margin.allowance(predicted)} B margin ({margin.source})")
+    assert predicted <= measured * (1 + margin.over_share), (
+        f"{what}: predicted {predicted} B is over the measured {measured} B by more than {margin.over_share:.1%}")

@@ -85,6 +85,37 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict, dynamic: Any) -> 
         return torch.export.export(model, args, kwargs, strict=False, dynamic_shapes=dynamic)
 
 
+def _follow_training_flag(gm: fx.GraphModule, mode: bool) -> None:
+    """Make the ops' ``train``/``training`` arguments read ``self.training`` again.
+
+    Export evaluates ``training=self.training`` to a constant, so ``eval()`` on the module would keep
+    dropout on and batch statistics in use.  Every aten op whose schema has a bool argument of that
+    name, set to the mode the model was traced in, reads the root module's flag instead (a model
+    that passes a literal ``training=True`` in its own code is the exception this cannot see).
+    """
+    flag: fx.Node | None = None
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        for i, arg in enumerate(node.target._schema.arguments):
+            if arg.name not in ("train", "training") or str(arg.type) != "bool":
+                continue
+            where = "args" if i < len(node.args) else ("kwargs" if arg.name in node.kwargs else None)
+            value = node.args[i] if where == "args" else node.kwargs.get(arg.name) if where else None
+            if value is not mode or where is None:
+                continue
+            if flag is None:
+                first = next(n for n in gm.graph.nodes if n.op != "placeholder")
+                with gm.graph.inserting_before(first):
+                    flag = gm.graph.create_node("get_attr", "training")  # a bool, not a tensor: no reference check
+            if where == "args":
+                node.args = (*node.args[:i], flag, *node.args[i + 1:])
+            else:
+                node.kwargs = {**node.kwargs, arg.name: flag}
+    if flag is not None:
+        gm.recompile()
+
+
 def export(model: torch.nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
     """Trace ``model`` with torch.export (see the module docstring)."""
     session = FakeSession.for_call(model, args, kwargs)
@@ -104,6 +135,7 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
             regions.clear()
             program = _export(model, args, kwargs, None)
     gm = program.module()
+    _follow_training_flag(gm, model.training)
     for node in gm.graph.nodes:
         custom = node.meta.get("custom") or {}
         if REGION_KEY in custom:
