@@ -7,6 +7,7 @@ budget and verifies the generated module on fake tensors (search.py); when nothi
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from torch import fx
 
@@ -42,14 +43,23 @@ def plan_problem(problem: Problem, solver_name: str, budget: Budget | None,
     budget_bytes = least[0] if least else None if budget is None else budget.resolve(problem.fixed, problem.unconstrained)
     if budget_bytes is None and solver.budgeted:
         raise ValueError(f"solver {solver.name!r} needs a budget")
+    # First without rotor's 4x-slot retry near the floor (16x one table): when nothing fits, the
+    # floor (one table, one verification) says whether the budget is feasible at all, and only then
+    # is the finer table worth its time.
+    first = replace(settings, retry=False)
     try:
-        found = least[1] if least else find_plan(problem, solver, budget_bytes, settings, verify)
+        found = least[1] if least else find_plan(problem, solver, budget_bytes, first, verify)
     except NoFit as e:
         if not solver.budgeted:
             raise fixed_plan_too_big(problem, budget_bytes or 0, solver.name, e.best_peak) from None
         need, found = smallest_budget(problem, solver, settings, verify)
         if need > budget_bytes:
             raise infeasible(problem, budget_bytes, solver.name, need) from None
+        if settings.retry:  # feasible: a finer table may find a plan recomputing less than the floor's
+            try:
+                found = find_plan(problem, solver, budget_bytes, settings, verify)
+            except NoFit:
+                pass
     model = ChainModel.from_chain(found.level.chain)
     plan = Plan(
         solver=solver.name, budget_bytes=budget_bytes, predicted_peak_bytes=found.peak,

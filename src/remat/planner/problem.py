@@ -61,6 +61,9 @@ class Problem:
     scratch: ScratchSource | None = None  # None: the memory rules' bounds (else measured, calibrate.py)
     shard: ShardModel | None = None  # FSDP2 planning: per-process terms (sharding.py)
     sharded_peak: int = 0  # the unconstrained step's predicted per-process peak, when sharded
+    # each solver's least-memory regions per granularity and settings: they do not depend on the
+    # budget, and the CLI's early floor, an infeasible budget and budget="min" all ask for them
+    least_regions: dict[tuple, object] = field(default_factory=dict, repr=False)
 
     @property
     def chain(self) -> Chain:

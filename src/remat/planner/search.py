@@ -86,10 +86,18 @@ def solve_regions(problem: Problem, solver: Solver, limit: int,
 def model_floor(problem: Problem, solver: Solver, settings: SolveSettings = SolveSettings()) -> int:
     """The smallest absolute budget ``solver``'s least-memory plan fits under the stage model
     (rotor: the DP optimum; chen-greedy: its best candidate), before any verification."""
-    need = []
-    for level in problem.levels.values():
-        need.append(solver.floor(level.model, settings))
+    need = [evaluate(level.model, least_regions(problem, solver, level, settings)).peak
+            for level in problem.levels.values()]
     return problem.resident + min(need)
+
+
+def least_regions(problem: Problem, solver: Solver, level: Granularity,
+                  settings: SolveSettings) -> tuple[Region, ...]:
+    """``solver``'s least-memory plan over ``level``'s coarse stages (cached on the problem)."""
+    key = (solver.name, level.name, settings)
+    if key not in problem.least_regions:
+        problem.least_regions[key] = solver.least(level.model, settings) if solver.least and len(level.model) else ()
+    return problem.least_regions[key]
 
 
 def find_plan(problem: Problem, solver: Solver, budget_bytes: int | None,
@@ -145,9 +153,7 @@ def smallest_budget(problem: Problem, solver: Solver, settings: SolveSettings = 
     best: Candidate | None = None
     if solver.least is not None:
         for level in problem.levels.values():
-            if not len(level.model):
-                continue
-            regions = _expand(solver.least(level.model, settings), level.groups)
+            regions = _expand(least_regions(problem, solver, level, settings), level.groups)
             if not regions:
                 continue
             gm = apply_regions(problem, regions, level.name)
