@@ -12,6 +12,8 @@ dispatch path (``profiler/dispatch.py``) for the per-node profile and the step s
 * ``layout``: outputs the real kernel lays out differently (the layout decides what later kernels
   copy).
 * ``dropped``: outputs a fake kernel returns that the real kernel does not allocate.
+* ``extra_out``: bytes a kernel allocates with its outputs beyond what the fake outputs hold, freed
+  with them (an RNN workspace the fake kernel returns empty).
 * ``held``: bytes allocated outside any op that stay until the step ends (autograd's saved scalars).
 * ``writes``: argument positions the op writes without its schema saying so (BatchNorm statistics).
 
@@ -57,6 +59,7 @@ class MemoryRule:
     layout: LayoutFn | None = None
     dropped: DroppedFn | None = None
     held: HeldFn | None = None
+    extra_out: ScratchFn | None = None
     writes: tuple[int, ...] = ()
     applies: Callable[[OpOverload], bool] | None = None  # with op None: which ops the rule is about
 
@@ -65,7 +68,7 @@ RULES: list[MemoryRule] = []
 
 
 def rule(ops: OpOverload | list[OpOverload] | None, device: str, doc: str, source: str, **aspects: Any) -> None:
-    """Register one aspect (``scratch=``, ``layout=``, ``dropped=``, ``held=``, ``writes=``) for ``ops``
+    """Register one aspect (``scratch=``, ``extra_out=``, ``layout=``, ``dropped=``, ``held=``, ``writes=``) for ``ops``
     (``None``: a rule about every op, such as how Python-number operands are wrapped)."""
     for op in ops if isinstance(ops, list) else [ops]:
         RULES.append(MemoryRule(op, device, doc, source, **aspects))
@@ -105,4 +108,4 @@ def nbytes(t: Any) -> int:
 
 
 def _load() -> None:
-    from . import common, cpu, cpu_conv  # noqa: F401  (each registers its rules on import)
+    from . import common, cpu, cpu_conv, cpu_nn, cpu_generic  # noqa: F401  (each registers its rules on import)

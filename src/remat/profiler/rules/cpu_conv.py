@@ -86,6 +86,27 @@ def _thread_scratch(threads: int) -> int:
     return max(1, threads) * THREAD_SCRATCH
 
 
+def _fp32(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * 4
+
+
+def gemm_bound(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, transposed: bool, groups: int, threads: int) -> int:
+    """Kernel memory of a convolution oneDNN runs without a direct (blocked-layout JIT) kernel: the
+    gemm-based and reference implementations that dilated, grouped, transposed, 3-D and bf16
+    convolutions fall back to.  Derived from their structure: each operand (src, dst and their
+    gradients) converted to an fp32 dense copy and once more into the layout the kernel wants (two
+    copies each; bf16 operands are computed in fp32), one weight-sized fp32 partial per thread plus
+    the converted weight, and per thread the im2col (col2im) buffer of one image, (src channels /
+    groups) x kernel elements x dst positions, with oneDNN's per-thread scratch
+    (oneDNN src/cpu/gemm_convolution_utils.cpp: im2col per thread; ref/gemm bf16 convolutions
+    accumulate in fp32)."""
+    src, dst = (y, x) if transposed else (x, y)
+    kernel = math.prod(w.shape[2:])
+    col = src.shape[1] // max(1, groups) * kernel * math.prod(dst.shape[2:]) * 4 if dst.dim() > 2 else 0
+    t = max(1, threads)
+    return 2 * (_fp32(x) + _fp32(y)) + (t + 1) * _fp32(w) + t * col + _thread_scratch(t)
+
+
 @scratch_rule(aten.convolution.default, "cpu",
               "source and weight reordered to blocked layouts, a blocked result copied out; channels-last: "
               "weight reorders and per-thread scratch; a strided 1x1 kernel subsamples an image per thread",
@@ -93,8 +114,20 @@ def _thread_scratch(threads: int) -> int:
 def _conv_forward(args: tuple, kwargs: dict, out: Any, ctx: RuleContext) -> int:
     x, w, stride = args[0], args[1], args[3]
     transposed, groups = args[6], args[8]
-    if transposed:
-        return 0
+    bound = gemm_bound(x, w, out, transposed, groups, ctx.threads) if _no_direct_kernel(x, w, args[5], transposed, groups) else 0
+    return max(bound, _onednn_forward(x, w, stride, groups, out, ctx))
+
+
+def _no_direct_kernel(x: torch.Tensor, w: torch.Tensor, dilation: Any, transposed: bool, groups: int) -> bool:
+    """Cases the oneDNN scans behind the direct-kernel numbers did not cover (fp32, 2-D, dense or
+    depthwise, undilated, not transposed): they may take a gemm-based or reference kernel."""
+    dilated = any(d > 1 for d in dilation) if isinstance(dilation, (list, tuple)) else dilation > 1
+    depthwise = groups == x.shape[1] and w.shape[0] == groups
+    return (transposed or dilated or x.dtype != torch.float32 or x.dim() != 4
+            or (groups > 1 and not depthwise))
+
+
+def _onednn_forward(x: torch.Tensor, w: torch.Tensor, stride: Any, groups: int, out: Any, ctx: RuleContext) -> int:
     if channels_last(x):
         # only the weight is reordered (dense: twice), plus the per-thread scratch
         return (1 if groups > 1 else 2) * nbytes(w) + _thread_scratch(ctx.threads)
@@ -133,8 +166,15 @@ def _conv_backward_channels_last(grad_out: torch.Tensor, x: torch.Tensor, w: tor
 def _conv_backward(args: tuple, kwargs: dict, out: Any, ctx: RuleContext) -> int:
     grad_out, x, w, stride = args[0], args[1], args[2], args[4]
     transposed, groups, mask = args[7], args[9], args[10]
-    if transposed:
-        return 0
+    bound = 0
+    if _no_direct_kernel(x, w, args[6], transposed, groups):
+        # the data gradient and the weight gradient are two primitives, each bounded as a forward
+        bound = sum(gemm_bound(x, w, grad_out, transposed, groups, ctx.threads) for m in mask[:2] if m)
+    return max(bound, 0 if transposed else _onednn_backward(grad_out, x, w, stride, groups, mask, out, ctx))
+
+
+def _onednn_backward(grad_out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, stride: Any, groups: int,
+                     mask: Any, out: Any, ctx: RuleContext) -> int:
     threads = ctx.threads
     new = sum(nbytes(o) for o in out if isinstance(o, torch.Tensor))
     if channels_last(x):
