@@ -42,14 +42,7 @@ def _cases() -> dict[str, tuple[nn.Module, torch.Tensor]]:
     }
 
 
-# Still under-predicted (rules 1.72 MB, measured 2.16 MB): oneDNN's weight gradient of a strided,
-# dilated convolution took 1.74 MB of scratch, 6.8x the per-image im2col at output resolution that
-# cpu_conv.gemm_bound assumes.  strict: the test says so when a bound covers it.
-KNOWN_UNDER = {"conv2d_dilated"}
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="see KNOWN_UNDER"))
-                                  if n in KNOWN_UNDER else n for n in _cases()])
+@pytest.mark.parametrize("name", list(_cases()))
 def test_rules_only_prediction_is_an_upper_bound(name: str) -> None:
     module, x = _cases()[name]
     model = Summed(module).train()
@@ -57,5 +50,6 @@ def test_rules_only_prediction_is_an_upper_bound(name: str) -> None:
     x.grad = None
     measured = remat.measure_peak(model, (x,))
     assert predicted >= measured, f"{name}: rules predict {predicted} B, the step peaks at {measured} B"
-    # a bound, not a useless one (the convolution bounds cover kernels they cannot tell apart: up to 9x)
-    assert predicted <= 10 * measured, f"{name}: rules predict {predicted} B for a {measured} B peak"
+    # a bound, not a useless one (the convolution bounds cover kernels they cannot tell apart, at a
+    # price on small convolutions: 12x for the bf16 conv3d here)
+    assert predicted <= 16 * measured, f"{name}: rules predict {predicted} B for a {measured} B peak"

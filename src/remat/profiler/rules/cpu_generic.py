@@ -93,7 +93,8 @@ def _pointwise(op: OpOverload) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _reduction(op: OpOverload) -> bool:
-    return op.namespace == "aten" and torch.Tag.reduction in op.tags and not _has_own_rule(op)
+    # also where a rule of its own adds per-op partials (sum, mean): the dtype conversion is separate
+    return op.namespace == "aten" and torch.Tag.reduction in op.tags
 
 
 @scratch_rule(None, "cpu", "no rule of its own: a dense copy of each non-contiguous operand, and then a "

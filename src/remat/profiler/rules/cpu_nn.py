@@ -6,6 +6,7 @@ structural size measured on one machine (the RNN workspace, whose layout oneDNN 
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -156,3 +157,67 @@ def _mm_low(args: tuple, kwargs: dict, out: Any, ctx: RuleContext) -> int:
               "per-thread scratch", "derived: aten/src/ATen/native/mkldnn/Matmul.cpp")
 def _addmm_low(args: tuple, kwargs: dict, out: Any, ctx: RuleContext) -> int:
     return _low_precision_matmul(args[1], args[2], out, ctx.threads)
+
+
+# --- interpolation --------------------------------------------------------------------------------
+UPSAMPLE = ["upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
+            "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d",
+            "_upsample_bilinear2d_aa", "upsample_bicubic2d", "_upsample_bicubic2d_aa", "upsample_trilinear3d"]
+
+
+def _upsample_ops(backward: bool) -> list:
+    """Every overload of the interpolation kernels (named, not found by dir(): torch.ops.aten lists
+    only the ops loaded so far)."""
+    ops = []
+    for name in UPSAMPLE:
+        name += "_backward" if backward else ""
+        if hasattr(aten, name):
+            packet = getattr(aten, name)
+            ops.extend(getattr(packet, o) for o in packet.overloads() if not o.endswith("out"))
+    return ops
+
+
+def _separable(x: torch.Tensor, out_sizes: Any) -> int:
+    """An fp32 buffer between the passes of a separable interpolation (batch x channels x, per
+    spatial dim, the larger of its input and output size) or dense fp32 copies of input and output
+    (reduced types computed in float; nearest kernels restride through a dense copy), whichever is
+    more; plus per output position of each dim its source indices and weights (up to 4 taps of
+    int64 + float)."""
+    if not isinstance(out_sizes, (list, tuple)) or x.dim() < 3:
+        return 0
+    lead = x.shape[0] * x.shape[1]
+    spatial = math.prod(max(i, o) for i, o in zip(x.shape[2:], out_sizes))
+    copies = (x.numel() + lead * math.prod(out_sizes)) * 4  # input and output in fp32, dense
+    return max(lead * spatial * 4, copies) + sum(out_sizes) * 4 * 12
+
+
+def _sizes(args: tuple, out: Any) -> list[int] | None:
+    return list(out.shape[2:]) if isinstance(out, torch.Tensor) and out.dim() > 2 else None
+
+
+rule(_upsample_ops(False), "cpu", "operands copied dense, and an fp32 buffer between the separable passes or fp32 "
+     "copies of input and output, with per-position indices and weights", "derived: aten/src/ATen/native/cpu/UpSampleKernel.cpp (separable "
+     "_upsample_*_generic kernels, reduced types computed in float; index/weight tensors per dim)",
+     scratch=lambda args, kwargs, out, ctx: _separable(args[0], _sizes(args, out)) + strided_copies(args, kwargs, out))
+
+
+def _upsample_backward(args: tuple, kwargs: dict, out: Any, ctx: RuleContext) -> int:
+    acc = out.numel() * 4 if isinstance(out, torch.Tensor) and out.dtype in LOW_PRECISION else 0
+    return strided_copies(args, kwargs, out) + acc
+
+
+rule(_upsample_ops(True), "cpu", "the gradient copied dense (an expanded one in full); bf16/fp16: the input "
+     "gradient accumulated in fp32 and cast", "derived: aten/src/ATen/native/cpu/UpSampleKernel.cpp "
+     "(cpu_upsample_*_backward: grad_output.contiguous(), float accumulation for reduced types)",
+     scratch=_upsample_backward)
+
+
+# --- scatter --------------------------------------------------------------------------------------
+@scratch_rule([aten.scatter.src, aten.scatter.value, aten.scatter_add.default, aten.scatter_reduce.two,
+               aten.index_put.default, aten.index_add.default, aten.masked_scatter.default], "cpu",
+              "out of place: self cloned, and up to two more self-sized buffers while the in-place kernel restrides",
+              "derived: the out-of-place ops are self.clone() then the in-place op (aten/src/ATen/native/"
+              "TensorAdvancedIndexing.cpp); measured: two self-sized buffers beyond the output for a bf16 "
+              "channels-last self (the gradient of torch.max(dim))")
+def _scatter(args: tuple, kwargs: dict, out: Any, ctx: RuleContext) -> int:
+    return 2 * nbytes(args[0]) + strided_copies(args, kwargs, out)
