@@ -114,7 +114,8 @@ class RuleScratch:
 
     def kernel(self, func: Any, args: tuple, kwargs: dict, out: Any, rules: tuple[MemoryRule, ...],
                ctx: RuleContext) -> KernelMemory:
-        return KernelMemory(sum(r.scratch(args, kwargs, out, ctx) for r in rules if r.scratch is not None))
+        return KernelMemory(sum(r.scratch(args, kwargs, out, ctx) for r in rules if r.scratch is not None),
+                            sum(r.extra_out(args, kwargs, out, ctx) for r in rules if r.extra_out is not None))
 
 
 def _op_device(args: tuple, out: Any) -> str | None:

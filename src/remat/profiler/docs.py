@@ -57,7 +57,8 @@ in-place results cost nothing and new outputs are new storages, exactly as in a 
 lists what they do not show. *scratch* is memory a kernel allocates and frees while it runs: on the
 planning machine it is measured op by op (`src/remat/profiler/calibrate.py`); these rules are the
 fallback for targets remat cannot run (inputs on meta, another device) and are meant as upper
-bounds. *layout*: the real kernel lays its output out differently. *dropped*: the fake kernel
+bounds. *extra_out*: bytes the real outputs hold beyond the fake ones (an RNN workspace), freed with
+them. *layout*: the real kernel lays its output out differently. *dropped*: the fake kernel
 returns an output the real one does not allocate. *held*: memory allocated outside any op that
 lives to the end of the step. *writes*: arguments written although the op's schema does not say so.
 *workspace*: memory a library keeps on the device from its first use on (counted as resident bytes
@@ -70,7 +71,7 @@ def render_memory() -> str:
     out = [MEMORY_HEADER, "| device | ops | aspect | what | source |", "|---|---|---|---|---|"]
     rows: dict[tuple[str, str, str, str], list[str]] = defaultdict(list)
     for r in RULES:
-        aspects = [a for a in ("scratch", "layout", "dropped", "held", "workspace") if getattr(r, a) is not None]
+        aspects = [a for a in ("scratch", "extra_out", "layout", "dropped", "held", "workspace") if getattr(r, a) is not None]
         aspects += ["writes " + ", ".join(map(str, r.writes))] if r.writes else []
         aspects += [f"granularity {r.granularity}"] if r.granularity else []
         device_wide = r.op is None and (r.workspace is not None or r.granularity)

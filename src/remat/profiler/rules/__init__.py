@@ -12,6 +12,8 @@ dispatch path (``profiler/dispatch.py``) for the per-node profile and the step s
 * ``layout``: outputs the real kernel lays out differently (the layout decides what later kernels
   copy).
 * ``dropped``: outputs a fake kernel returns that the real kernel does not allocate.
+* ``extra_out``: bytes a kernel allocates with its outputs beyond what the fake outputs hold, freed
+  with them (an RNN workspace the fake kernel returns empty).
 * ``held``: bytes allocated outside any op that stay until the step ends (autograd's saved scalars).
 * ``writes``: argument positions the op writes without its schema saying so (BatchNorm statistics).
 * ``workspace`` (with ``op=None``): bytes a library allocates on the device at its first use and
@@ -63,6 +65,7 @@ class MemoryRule:
     layout: LayoutFn | None = None
     dropped: DroppedFn | None = None
     held: HeldFn | None = None
+    extra_out: ScratchFn | None = None
     writes: tuple[int, ...] = ()
     workspace: Callable[[RuleContext], int] | None = None  # op None: resident library workspaces
     granularity: int = 0  # op None: allocations on this device are rounded up to a multiple of it
@@ -73,7 +76,7 @@ RULES: list[MemoryRule] = []
 
 
 def rule(ops: OpOverload | list[OpOverload] | None, device: str, doc: str, source: str, **aspects: Any) -> None:
-    """Register one aspect (``scratch=``, ``layout=``, ``dropped=``, ``held=``, ``writes=``,
+    """Register one aspect (``scratch=``, ``extra_out=``, ``layout=``, ``dropped=``, ``held=``, ``writes=``,
     ``workspace=``, ``granularity=``) for ``ops``
     (``None``: a rule about every op, such as how Python-number operands are wrapped)."""
     for op in ops if isinstance(ops, list) else [ops]:
@@ -134,4 +137,4 @@ def nbytes(t: Any) -> int:
 
 
 def _load() -> None:
-    from . import common, cpu, cpu_conv, cuda  # noqa: F401  (each registers its rules on import)
+    from . import common, cpu, cpu_conv, cpu_generic, cpu_nn, cuda  # noqa: F401  (each registers its rules on import)

@@ -63,19 +63,39 @@ def _addmm(args: tuple, kwargs: dict, out: Any, ctx: RuleContext) -> int:
 
 
 # --- normalization --------------------------------------------------------------------------------
-@scratch_rule(aten.native_batch_norm.default, "cpu", "training: per-channel float sums (channels-last: 4 of them)",
-              "measured: BatchNorm2d forward, channels 3-512, contiguous and channels-last")
+@scratch_rule(aten.native_batch_norm.default, "cpu", "training: per-channel float sums (channels-last: 4 of them, "
+              "bf16/fp16: 6); bf16/fp16: a strided or channels-last input copied dense (bounded in fp32)",
+              "measured: BatchNorm2d forward, channels 3-512, contiguous and channels-last (fp32); derived for bf16: "
+              "aten/src/ATen/native/Normalization.cpp takes the contiguous path for reduced types")
 def _batch_norm(args: tuple, kwargs: dict, out: Any, ctx: RuleContext) -> int:
     x, train = args[0], args[5] if len(args) > 5 else False
-    if not train or x.dim() < 2:
+    if x.dim() < 2:
         return 0
-    return (4 if channels_last(x) else 2) * x.shape[1] * 4
+    sums = (6 if x.dtype in _REDUCED else 4 if channels_last(x) else 2) * x.shape[1] * 4 if train else 0
+    return sums + _reduced_strided(x)
+
+
+_REDUCED = (torch.bfloat16, torch.float16)
+
+
+def _reduced_strided(*ts: torch.Tensor) -> int:
+    """bf16/fp16 batch norm has no strided or channels-last path: such an operand is copied dense, at
+    most in fp32 (numel x 4 B bounds a copy in either precision)."""
+    return sum(t.numel() * 4 for t in ts if isinstance(t, torch.Tensor) and t.dtype in _REDUCED and not t.is_contiguous())
 
 
 @scratch_rule(aten.native_batch_norm_backward.default, "cpu",
-              "training, grad_output laid out like the input: an input-sized buffer for the normalized input",
-              "measured: BatchNorm2d backward with input/weight gradients masked on and off, both layouts")
+              "training, grad_output laid out like the input: an input-sized buffer for the normalized input; "
+              "bf16/fp16: strided operands copied dense (bounded in fp32) and per-channel float sums",
+              "measured: BatchNorm2d backward with input/weight gradients masked on and off, both layouts (fp32); "
+              "bf16 as the forward")
 def _batch_norm_backward(args: tuple, kwargs: dict, out: Any, ctx: RuleContext) -> int:
+    grad_out, x = args[0], args[1]
+    return _batch_norm_backward_fp32(args) + _reduced_strided(grad_out, x) + (
+        6 * x.shape[1] * 4 if x.dtype in _REDUCED and x.dim() > 1 else 0)
+
+
+def _batch_norm_backward_fp32(args: tuple) -> int:
     grad_out, x = args[0], args[1]
     train = args[7] if len(args) > 7 else True
     mask = args[9] if len(args) > 9 else (True, True, True)

@@ -86,6 +86,66 @@ def _thread_scratch(threads: int) -> int:
     return max(1, threads) * THREAD_SCRATCH
 
 
+def _fp32(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * 4
+
+
+# The weight's fp32 copies a convolution's primitives may hold at once: reordered for the forward,
+# transposed for the data gradient, the weight gradient in the kernel's layout and its copy back to
+# the user's layout (the per-thread partials of the weight gradient are counted apart).
+WEIGHT_COPIES = 4
+
+
+def gemm_bound(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, transposed: bool, groups: int, threads: int,
+               stride: Any = 1, padding: Any = 0) -> int:
+    """Kernel memory of a convolution oneDNN runs without a direct (blocked-layout JIT) kernel: the
+    gemm-based and reference implementations that dilated, grouped, transposed, 3-D and bf16
+    convolutions fall back to.  Derived from their structure: each operand (src, dst and their
+    gradients) converted to an fp32 dense copy and once more into the layout the kernel wants (two
+    copies each; bf16 operands are computed in fp32), the weight in WEIGHT_COPIES roles plus one
+    weight-sized fp32 partial of its gradient per thread, and per thread the im2col (col2im) buffer of one image, (src channels /
+    groups) x kernel elements x dst positions (counted over the padded source at the stride's step,
+    which is never fewer than the output positions), with oneDNN's per-thread scratch
+    (oneDNN src/cpu/gemm_convolution_utils.cpp: im2col per thread; ref/gemm bf16 convolutions
+    accumulate in fp32)."""
+    src, dst = (y, x) if transposed else (x, y)
+    kernel = math.prod(w.shape[2:])
+    col = src.shape[1] // max(1, groups) * kernel * _positions(src, dst, transposed, stride, padding) * 4 \
+        if dst.dim() > 2 else 0
+    t = max(1, threads)
+    return 2 * (_fp32(x) + _fp32(y)) + (t + WEIGHT_COPIES) * _fp32(w) + t * col + _thread_scratch(t)
+
+
+def _per_dim(v: Any, n: int) -> list[int]:
+    return list(v) if isinstance(v, (list, tuple)) else [v] * n
+
+
+def _positions(src: torch.Tensor, dst: torch.Tensor, transposed: bool, stride: Any, padding: Any) -> int:
+    """Output positions, or the padded input's positions at the stride's step where those are more."""
+    n = dst.dim() - 2
+    out = list(dst.shape[2:])
+    if transposed or isinstance(padding, str):
+        return math.prod(out)
+    strides, pads = _per_dim(stride, n), _per_dim(padding, n)
+    return math.prod(max(o, -(-(i + 2 * p) // max(1, s))) for o, i, p, s in zip(out, src.shape[2:], pads, strides))
+
+
+# Reduced-precision grouped convolutions with a channel multiplier (groups > 1, not one output per
+# input channel) take a oneDNN path whose memory the structure above does not bound: measured (an
+# independent scan, 80 random convolutions and a sweep of batch, channels, size, kernel, stride and
+# multiplier) up to 18.4x the fp32 bytes of input plus output, growing with the groups, and for a
+# 3-D kernel with many weights per group 7.4x the fp32 weights.  A measured envelope, not a
+# derivation: 20x the fp32 bytes of input, output and weights, once per call.
+REDUCED_GROUPED_FP32_MULTIPLE = 20
+
+
+def _reduced_grouped(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, groups: int) -> int:
+    plain_depthwise = w.shape[0] == groups and w.shape[1] == 1
+    if x.dtype == torch.float32 or groups == 1 or plain_depthwise:
+        return 0
+    return REDUCED_GROUPED_FP32_MULTIPLE * (_fp32(x) + _fp32(y) + _fp32(w))
+
+
 @scratch_rule(aten.convolution.default, "cpu",
               "source and weight reordered to blocked layouts, a blocked result copied out; channels-last: "
               "weight reorders and per-thread scratch; a strided 1x1 kernel subsamples an image per thread",
@@ -93,8 +153,24 @@ def _thread_scratch(threads: int) -> int:
 def _conv_forward(args: tuple, kwargs: dict, out: Any, ctx: RuleContext) -> int:
     x, w, stride = args[0], args[1], args[3]
     transposed, groups = args[6], args[8]
-    if transposed:
-        return 0
+    bound = max(gemm_bound(x, w, out, transposed, groups, ctx.threads, stride, args[4]),
+                _reduced_grouped(x, w, out, groups)) if _no_direct_kernel(x, w, args[5], transposed, groups) else 0
+    return max(bound, _onednn_forward(x, w, stride, groups, out, ctx))
+
+
+def _no_direct_kernel(x: torch.Tensor, w: torch.Tensor, dilation: Any, transposed: bool, groups: int) -> bool:
+    """Cases the oneDNN scans behind the direct-kernel numbers did not cover (fp32, 2-D, dense or
+    depthwise, undilated, not transposed): they may take a gemm-based or reference kernel."""
+    dilated = any(d > 1 for d in dilation) if isinstance(dilation, (list, tuple)) else dilation > 1
+    depthwise = groups == x.shape[1] and w.shape[0] == groups
+    # a weight laid out otherwise than the input (a channels-last weight on a contiguous input) is
+    # reordered outside the scanned path
+    mismatched = w.dim() == 4 and channels_last(w) != channels_last(x)
+    return (transposed or dilated or x.dtype != torch.float32 or x.dim() != 4
+            or (groups > 1 and not depthwise) or mismatched)
+
+
+def _onednn_forward(x: torch.Tensor, w: torch.Tensor, stride: Any, groups: int, out: Any, ctx: RuleContext) -> int:
     if channels_last(x):
         # only the weight is reordered (dense: twice), plus the per-thread scratch
         return (1 if groups > 1 else 2) * nbytes(w) + _thread_scratch(ctx.threads)
@@ -133,8 +209,16 @@ def _conv_backward_channels_last(grad_out: torch.Tensor, x: torch.Tensor, w: tor
 def _conv_backward(args: tuple, kwargs: dict, out: Any, ctx: RuleContext) -> int:
     grad_out, x, w, stride = args[0], args[1], args[2], args[4]
     transposed, groups, mask = args[7], args[9], args[10]
-    if transposed:
-        return 0
+    bound = 0
+    if _no_direct_kernel(x, w, args[6], transposed, groups):
+        # the data gradient and the weight gradient are two primitives, each bounded as a forward
+        bound = sum(gemm_bound(x, w, grad_out, transposed, groups, ctx.threads, stride, args[5]) for m in mask[:2] if m)
+        bound = max(bound, _reduced_grouped(x, w, grad_out, groups))
+    return max(bound, 0 if transposed else _onednn_backward(grad_out, x, w, stride, groups, mask, out, ctx))
+
+
+def _onednn_backward(grad_out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, stride: Any, groups: int,
+                     mask: Any, out: Any, ctx: RuleContext) -> int:
     threads = ctx.threads
     new = sum(nbytes(o) for o in out if isinstance(o, torch.Tensor))
     if channels_last(x):
