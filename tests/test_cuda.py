@@ -127,7 +127,8 @@ def test_attention_is_the_fused_kernels_not_the_attention_matrix():
     # memory-efficient attention's logsumexp is padded to 32 rows (224 for 197) where the CPU's
     # flash kernel keeps 197, and every CUDA allocation is rounded up: the GPU saves a little more
     assert 0 < cuda.saved_bytes - cpu.saved_bytes < matrix // 4
-    assert cuda.peak_bytes > cpu.peak_bytes + cuda.workspace_bytes
+    # and the step's peak follows: the attention matrices the math path would keep are not there
+    assert math.peak_bytes - cuda.peak_bytes >= matrix
 
 
 def test_resnet18_cuda_plan_fits_and_its_module_runs_anywhere():

@@ -101,7 +101,8 @@ class Problem:
     @property
     def margin(self) -> Margin:
         """How far a real peak may exceed this problem's predictions (by where scratch came from)."""
-        return margin_for("rules" if self.scratch is None or not hasattr(self.scratch, "measured") else "measured")
+        return margin_for("rules" if self.scratch is None or not hasattr(self.scratch, "measured") else "measured",
+                          self.target.device.type)
 
     def scratch_info(self) -> dict[str, object]:
         """Where kernel scratch came from, for the plan: measured here, or the rules' bounds; the

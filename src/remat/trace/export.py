@@ -12,6 +12,8 @@ lengths; ``input_dims`` says which stayed dynamic (the shape contract, ``runtime
 """
 from __future__ import annotations
 
+import operator
+
 import inspect
 import logging
 import warnings
@@ -90,28 +92,37 @@ def _follow_training_flag(gm: fx.GraphModule, mode: bool) -> None:
 
     Export evaluates ``training=self.training`` to a constant, so ``eval()`` on the module would keep
     dropout on and batch statistics in use.  Every aten op whose schema has a bool argument of that
-    name, set to the mode the model was traced in, reads the root module's flag instead (a model
-    that passes a literal ``training=True`` in its own code is the exception this cannot see).
+    name, set to the mode the model was traced in, reads the root module's flag instead, and a
+    nonzero attention ``dropout_p`` traced in training becomes ``p * self.training`` (models pass
+    ``dropout_p if self.training else 0.0``).  A model that passes a literal ``training=True`` or a
+    dropout rate in eval in its own code is the exception this cannot see.
     """
     flag: fx.Node | None = None
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
         for i, arg in enumerate(node.target._schema.arguments):
-            if arg.name not in ("train", "training") or str(arg.type) != "bool":
+            flag_arg = arg.name in ("train", "training") and str(arg.type) == "bool"
+            rate_arg = arg.name == "dropout_p" and mode  # attention's dropout, given only in training
+            if not (flag_arg or rate_arg):
                 continue
             where = "args" if i < len(node.args) else ("kwargs" if arg.name in node.kwargs else None)
             value = node.args[i] if where == "args" else node.kwargs.get(arg.name) if where else None
-            if value is not mode or where is None:
+            if where is None or (flag_arg and value is not mode) or (rate_arg and not isinstance(value, float)) \
+                    or value == 0.0:
                 continue
             if flag is None:
                 first = next(n for n in gm.graph.nodes if n.op != "placeholder")
                 with gm.graph.inserting_before(first):
                     flag = gm.graph.create_node("get_attr", "training")  # a bool, not a tensor: no reference check
+            new = flag
+            if rate_arg:  # p while training, 0.0 in eval
+                with gm.graph.inserting_before(node):
+                    new = gm.graph.call_function(operator.mul, (flag, value))
             if where == "args":
-                node.args = (*node.args[:i], flag, *node.args[i + 1:])
+                node.args = (*node.args[:i], new, *node.args[i + 1:])
             else:
-                node.kwargs = {**node.kwargs, arg.name: flag}
+                node.kwargs = {**node.kwargs, arg.name: new}
     if flag is not None:
         gm.recompile()
 
