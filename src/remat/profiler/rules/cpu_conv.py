@@ -106,7 +106,7 @@ def gemm_bound(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, transposed: bo
     weight-sized fp32 partial of its gradient per thread, and per thread the im2col (col2im) buffer of one image, (src channels /
     groups) x kernel elements x dst positions (counted over the padded source at the stride's step,
     which is never fewer than the output positions), with oneDNN's per-thread scratch
-    (oneDNN src/cpu/gemm_convolution_utils.cpp: im2col per thread; ref/gemm bf16 convolutions
+    (oneDNN: cpu/gemm_convolution_utils.cpp in its src folder: im2col per thread; ref/gemm bf16 convolutions
     accumulate in fp32)."""
     src, dst = (y, x) if transposed else (x, y)
     kernel = math.prod(w.shape[2:])

@@ -18,7 +18,7 @@ aten = torch.ops.aten
 
 # --- oneDNN RNN layers ----------------------------------------------------------------------------
 # oneDNN's training workspace keeps, for every step, the gates and the layer, iteration and cell
-# states (src/cpu/rnn/rnn_utils.cpp set_workspace_sizes); its scratchpad holds the gates again and
+# states (oneDNN: cpu/rnn/rnn_utils.cpp set_workspace_sizes); its scratchpad holds the gates again and
 # the weights packed for the gemm.  In units of g = steps x batch x gates*hidden x 4 B (fp32 gates),
 # s = (steps + 1) x batch x (input + hidden) x 4 B (states) and W = fp32 weights: measured
 # (calibrate.measure_kernel on LSTM layers, seq 4-62, batch 1-8, input 11-214, hidden 11-245, fp32
