@@ -99,10 +99,14 @@ class Problem:
         return self.resident + step.peak_above
 
     @property
+    def scratch_source(self) -> str:
+        """Where kernel scratch comes from: "measured" on this machine, or the "rules"' bounds."""
+        return "rules" if self.scratch is None or not hasattr(self.scratch, "measured") else "measured"
+
+    @property
     def margin(self) -> Margin:
         """How far a real peak may exceed this problem's predictions (by where scratch came from)."""
-        return margin_for("rules" if self.scratch is None or not hasattr(self.scratch, "measured") else "measured",
-                          self.target.device.type)
+        return margin_for(self.scratch_source, self.target.device.type)
 
     def scratch_info(self) -> dict[str, object]:
         """Where kernel scratch came from, for the plan: measured here, or the rules' bounds; the
@@ -111,7 +115,7 @@ class Problem:
                                    "times": machine(self.target.device.type, self.target.threads).source}
         if self.target.stand_in:
             info["simulated_on"] = self.target.fake_device.type  # profiler/standin.py
-        if self.scratch is None or not hasattr(self.scratch, "measured"):
+        if self.scratch_source == "rules":
             info["scratch"] = "rules"
         else:
             self.scratch.flush()

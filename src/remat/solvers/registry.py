@@ -46,12 +46,6 @@ class Solver:
     optimal: bool  # least recomputation under the stage model among all nested plans
     help: str
     least: "Callable[[ChainModel, SolveSettings], tuple[Region, ...]] | None" = None  # its least-memory plan
-
-    def floor(self, model: "ChainModel", settings: SolveSettings) -> int:
-        """The least modeled peak (above resident) this solver reaches: its least-memory plan's."""
-        from .model import evaluate
-
-        return evaluate(model, self.least(model, settings) if self.least else ()).peak
     options: bool = False  # chooses per-op keep/recompute options inside stages
 
 
