@@ -56,7 +56,12 @@ class Window:
 def cpu_window(fn: Callable[[], Any], series: bool = False) -> Window:
     """Run ``fn`` under the CPU allocator's events; keeps ``fn``'s result alive to the window's end,
     so ``end`` counts what it returned.  ``series=True`` also keeps the running total after every
-    event (a memory curve over the window)."""
+    event (a memory curve over the window).
+
+    The profiler records allocator events only on the threads it profiles.  A buffer allocated here
+    and freed on another thread (gloo's worker releasing a collective's input after FSDP dropped
+    it: which thread frees it is a race) is counted as freed when its address is handed out again,
+    never earlier, so the measured peak stays an upper bound of the true one."""
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
@@ -69,10 +74,35 @@ def cpu_window(fn: Callable[[], Any], series: bool = False) -> Window:
             prof.__exit__(None, None, None)
     running = peak = 0
     curve: list[int] = []
-    for event in prof.profiler.kineto_results.events():
-        if event.name() == "[memory]" and event.device_type() == torch.autograd.DeviceType.CPU:
-            running += event.nbytes()
-            peak = max(peak, running)
-            if series:
-                curve.append(running)
+    live: dict[int, int] = {}  # address -> bytes of each allocation seen and not yet seen freed
+    for ptr, nbytes in _allocator_events(prof):
+        if nbytes > 0:
+            # An address handed out again was freed where the profiler does not look: on a thread it
+            # does not record (a collective backend's worker drops the last reference to a buffer
+            # the step allocated).  Count that free now, the latest it can have happened.
+            running -= live.pop(ptr, 0)
+            live[ptr] = nbytes
+        else:
+            live.pop(ptr, None)
+        running += nbytes
+        peak = max(peak, running)
+        if series:
+            curve.append(running)
     return Window(peak, running, value, tuple(curve))
+
+
+def _allocator_events(prof: Any) -> list[tuple[int, int]]:
+    """(address, bytes) of every CPU allocator event of a finished profile in time order (bytes < 0
+    for a free).  Only threads the profiler records report; see ``cpu_window``."""
+    from torch._C._profiler import _ExtraFields_Allocation
+
+    events = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        stack.extend(event.children)
+        fields = event.extra_fields
+        if isinstance(fields, _ExtraFields_Allocation) and fields.device.type == "cpu" and fields.alloc_size:
+            events.append((event.start_time_ns, event.id, fields.ptr, fields.alloc_size))
+    events.sort()
+    return [(ptr, nbytes) for _, _, ptr, nbytes in events]
