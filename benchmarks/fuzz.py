@@ -5,7 +5,7 @@ attention with dropout, no_grad and autocast blocks, the network's own checkpoin
 fraction in [0.3, 1] (where that is infeasible, at the minimum InfeasibleBudget reports, so the
 reported floor is itself tested); one training step is compared with the original (outputs,
 gradients, buffers) and the measured peak with the budget. ``--seed k`` draws seeds k*10^6 + i,
-so runs with different k test fresh networks. Writes benchmarks/results/fuzz.md.
+so runs with different k test fresh networks. Writes benchmarks/results/fuzz_seed{k}.md.
 
     python benchmarks/fuzz.py --n 1000 [--seed 0]
 """
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
                f"other errors: {counts['error']}.")
     severity = {"mismatch": 0, "overrun": 1, "error": 2}
     problems.sort(key=lambda p: severity[p.split(": ")[1]])
-    write_result("fuzz.md", "Fuzz soak", [summary] + (["Problems:\n\n" + "\n".join(f"- {p}" for p in problems[:50])]
+    write_result(f"fuzz_seed{args.seed}.md", "Fuzz soak", [summary] + (["Problems:\n\n" + "\n".join(f"- {p}" for p in problems[:50])]
                                                        if problems else []))
     print(summary)
     for p in problems[:20]:

@@ -39,6 +39,8 @@ def _cases() -> dict[str, tuple[nn.Module, torch.Tensor]]:
         "embedding": (nn.Embedding(5000, 256), torch.randint(0, 5000, (8, 128))),
         # oneDNN's workspace lives from the forward to the backward
         "lstm": (nn.LSTM(16, 32, batch_first=True), torch.randn(2, 12, 16, requires_grad=True)),
+        # a permuted (neither contiguous nor channels-last) input is copied contiguous first
+        "group_norm_permuted": (nn.GroupNorm(472, 472, affine=False), torch.randn(385, 472, 2).permute(2, 1, 0)),
     }
 
 

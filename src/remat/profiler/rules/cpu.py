@@ -126,11 +126,12 @@ _GROUP_NORM_PER_THREAD = 1024
 
 
 @scratch_rule(aten.native_group_norm.default, "cpu",
-              "channels-last: per (sample, channel) float sums and a little per thread",
-              "measured: GroupNorm(2-32 groups) channels-last, 1-4 threads")
+              "channels-last: per (sample, channel) float sums and a little per thread; "
+              "any other strided input is copied contiguous first",
+              "measured: GroupNorm(2-32 groups) channels-last, 1-4 threads; permuted inputs (opfuzz seed 865)")
 def _group_norm(args: tuple, kwargs: dict, out: Any, ctx: RuleContext) -> int:
     x, n, c = args[0], args[3], args[4]
-    return 2 * n * c * 4 + ctx.threads * _GROUP_NORM_PER_THREAD if channels_last(x) else 0
+    return 2 * n * c * 4 + ctx.threads * _GROUP_NORM_PER_THREAD if channels_last(x) else copy_if_strided(x)
 
 
 @scratch_rule(aten.native_group_norm_backward.default, "cpu",
