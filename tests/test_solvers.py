@@ -233,3 +233,14 @@ def test_budget_one_checkpoints_nothing(solver):
     model, x = ResidualMLP(width=64, depth=4), torch.randn(8, 32, 64)
     gm = remat.checkpoint(model, (x,), budget=1.0, solver=solver)
     assert gm.remat_plan.regions == () and gm.remat_plan.recompute_flops == 0
+
+
+def test_regions_over_merged_stages_keep_their_policy_and_nesting():
+    """The planner solves on merged stages and expands the regions back: a region that keeps its
+    expensive outputs must stay one (it once came back as a plain region, so no plan ever used
+    torch's selective checkpoint)."""
+    from remat.planner.search import _expand
+
+    groups = [(0, 2), (2, 3), (3, 7), (7, 9)]
+    coarse = (Region(0, 2, (Region(1, 2),)), Region(2, 4, (), SAVE_COMPUTE))
+    assert _expand(coarse, groups) == (Region(0, 3, (Region(2, 3),)), Region(3, 9, (), SAVE_COMPUTE))

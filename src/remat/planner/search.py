@@ -50,7 +50,8 @@ class NoFit(Exception):
 
 def _expand(regions: tuple[Region, ...], groups: list[tuple[int, int]]) -> tuple[Region, ...]:
     """Regions over coarse stages -> regions over the chain's stages."""
-    return tuple(Region(groups[r.start][0], groups[r.stop - 1][1], _expand(r.children, groups)) for r in regions)
+    return tuple(Region(groups[r.start][0], groups[r.stop - 1][1], _expand(r.children, groups), r.policy)
+                 for r in regions)
 
 
 def apply_regions(problem: Problem, regions: tuple[Region, ...], level: str = "blocks") -> fx.GraphModule:
