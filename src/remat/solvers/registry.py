@@ -102,8 +102,8 @@ def _rotor_least(model: ChainModel, settings: SolveSettings) -> tuple[Region, ..
 
 SOLVERS: dict[str, Solver] = {s.name: s for s in (
     Solver("rotor", _rotor, budgeted=True, optimal=True, least=_rotor_least, options=True,
-           help="optimal nested regions under the budget (dynamic program, Beaumont et al. 2019), each "
-                "recomputing everything or keeping its matmul/conv/attention outputs; the default"),
+           help="optimal nested regions under the budget (dynamic program, Beaumont et al. 2019); the "
+                "default (its option to keep a region's matmul/conv/attention outputs is off for now)"),
     Solver("chen-greedy", _greedy, budgeted=True, optimal=False, least=_greedy_least,
            help="Chen et al. 2016's greedy segments: one level of regions, the least recompute that fits"),
     Solver("chen-sqrtn", _sqrtn, budgeted=False, optimal=False,
