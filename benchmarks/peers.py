@@ -179,9 +179,9 @@ def fixed_bytes(model: torch.nn.Module, inputs) -> int:
     """What no checkpointing can shrink: parameters, buffers, inputs and the parameters' gradients
     (a peak minus this is the step's activation memory, "act")."""
     from remat.measure import resident_bytes
+    from remat.profiler.memory import storage_bytes
 
-    return resident_bytes(model, inputs) + sum(p.numel() * p.element_size() for p in model.parameters()
-                                               if p.requires_grad)
+    return resident_bytes(model, inputs) + storage_bytes([p for p in model.parameters() if p.requires_grad])
 
 
 def targeted(model, inputs, shared_inputs, every_block_peak: int, steps: int) -> list[Point]:
