@@ -1,7 +1,8 @@
 """The allocator instruments every measurement in remat reads.
 
 * CPU: the allocator's own events, recorded by ``torch.profiler`` with ``profile_memory=True``:
-  the running sum of every ``[memory]`` record from the start of the window.
+  the running sum of every allocation and free from the start of the window (a free the profiler
+  missed, on a thread it does not record, counted when its address is reused: ``cpu_window``).
 * CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``.
 
 torch.profiler's backend (kineto) writes log lines to the process's stderr when it starts and stops
@@ -18,7 +19,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 
 __all__ = ["Window", "cpu_window", "quiet_stderr"]
 
