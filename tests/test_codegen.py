@@ -185,3 +185,25 @@ def _calls(module, inputs, name: str) -> int:
         module(*inputs).float().sum().backward()
     module.zero_grad(set_to_none=True)
     return count
+
+
+def test_a_selective_region_with_batchnorm_trains_exactly():
+    """Selective checkpointing replays the forward's op sequence exactly; the BatchNorm freezing
+    composed with it must add no op inside it (its counter copy once did: 'aten.clone encountered
+    during backward but not found in storage')."""
+    from remat.codegen import generate
+    from remat.solvers.base import SAVE_COMPUTE, Region
+
+    torch.manual_seed(0)
+    layers = []
+    for i in range(3):
+        layers += [torch.nn.Conv2d(3 if i == 0 else 8, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Flatten(), torch.nn.Linear(8 * 8 * 8, 4)).train()
+    inputs = (torch.randn(4, 3, 8, 8),)
+
+    def make(m):
+        gm, chain = _chain(m, inputs)
+        return generate(gm, chain, (Region(1, len(chain) - 1, (), SAVE_COMPUTE),))
+
+    new = assert_same_step(model, make, inputs)
+    assert 'save="compute"' in new.code and "freeze=" in new.code

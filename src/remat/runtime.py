@@ -121,11 +121,13 @@ def context(module: torch.nn.Module, save: str = "", freeze: str = "") -> dict[s
         forward, recompute = contextlib.nullcontext(), contextlib.nullcontext()
         if save:
             forward, recompute = create_selective_checkpoint_contexts(_save_compute)
+        # The freezing is entered first: selective checkpointing replays the forward's op sequence
+        # exactly, so the freezing's own ops (saving the batch counters) must run outside it.
         if freeze == "modules":
-            recompute = _Both(recompute, _FrozenBatchNorms(module))
+            recompute = _Both(_FrozenBatchNorms(module), recompute)
         elif freeze == "ops":
             state = {id(b.untyped_storage()) for b in module.buffers()}
-            recompute = _Both(recompute, _FrozenStateMode(state))
+            recompute = _Both(_FrozenStateMode(state), recompute)
         return forward, recompute
 
     if compiling:

@@ -8,7 +8,7 @@ granularity, verified once; its verified need is the floor.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torch import fx
 
@@ -60,6 +60,13 @@ def apply_regions(problem: Problem, regions: tuple[Region, ...], level: str = "b
     return generate(problem.gm, problem.levels[level].chain, regions) if regions else problem.baseline
 
 
+def _settings_for(problem: Problem, settings: SolveSettings) -> SolveSettings:
+    """Sharded problems get no selective regions: torch's selective checkpoint replays the
+    forward's op sequence exactly, and FSDP2's hooks run ``record_function`` ops that differ
+    between the forward and the recomputation (a plan with one failed under FSDP2)."""
+    return replace(settings, selective=False) if problem.shard is not None and settings.selective else settings
+
+
 def solve_regions(problem: Problem, solver: Solver, limit: int,
                   settings: SolveSettings = SolveSettings()) -> tuple[Granularity, tuple[Region, ...]] | None:
     """The plan whose modeled peak (above resident) fits ``limit`` with the least recomputation.
@@ -67,6 +74,7 @@ def solve_regions(problem: Problem, solver: Solver, limit: int,
     Budgeted solvers solve both granularities and keep the better plan (the fine chain can also
     checkpoint inside a residual block); the fixed plans use the block chain.
     """
+    settings = _settings_for(problem, settings)
     levels = [problem.levels["blocks"]]
     if solver.budgeted and "fine" in problem.levels:
         levels.append(problem.levels["fine"])
@@ -95,6 +103,7 @@ def model_floor(problem: Problem, solver: Solver, settings: SolveSettings = Solv
 def least_regions(problem: Problem, solver: Solver, level: Granularity,
                   settings: SolveSettings) -> tuple[Region, ...]:
     """``solver``'s least-memory plan over ``level``'s coarse stages (cached on the problem)."""
+    settings = _settings_for(problem, settings)
     key = (solver.name, level.name, settings)
     if key not in problem.least_regions:
         problem.least_regions[key] = solver.least(level.model, settings) if solver.least and len(level.model) else ()

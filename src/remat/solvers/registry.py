@@ -31,12 +31,8 @@ class SolveSettings:
     slots: int = DEFAULT_SLOTS
     retry: bool = True  # rotor: solve once more at 4x the slots when the table finds nothing
     # Solvers with options: also regions that keep their expensive ops' outputs (torch's selective
-    # checkpoint).  Off by default: once such regions reached generated modules, three tests failed
-    # inside torch's selective checkpoint ("... encountered during backward but not found in
-    # storage"): composed with BatchNorm freezing (a clone the recomputation does not repeat), under
-    # FSDP2 (its record_function calls differ between forward and recomputation), and in a
-    # standalone --code file.  ResidualMLP and GPT-2 plans with it train exactly.
-    selective: bool = False
+    # checkpoint; not for FSDP2 plans, see planner/search.py).
+    selective: bool = True
 
 
 RegionsFn = Callable[["ChainModel", int, SolveSettings], "tuple[Region, ...] | None"]
@@ -102,8 +98,8 @@ def _rotor_least(model: ChainModel, settings: SolveSettings) -> tuple[Region, ..
 
 SOLVERS: dict[str, Solver] = {s.name: s for s in (
     Solver("rotor", _rotor, budgeted=True, optimal=True, least=_rotor_least, options=True,
-           help="optimal nested regions under the budget (dynamic program, Beaumont et al. 2019); the "
-                "default (its option to keep a region's matmul/conv/attention outputs is off for now)"),
+           help="optimal nested regions under the budget (dynamic program, Beaumont et al. 2019), each "
+                "recomputing everything or keeping its matmul/conv/attention outputs; the default"),
     Solver("chen-greedy", _greedy, budgeted=True, optimal=False, least=_greedy_least,
            help="Chen et al. 2016's greedy segments: one level of regions, the least recompute that fits"),
     Solver("chen-sqrtn", _sqrtn, budgeted=False, optimal=False,
