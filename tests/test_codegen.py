@@ -207,3 +207,36 @@ def test_a_selective_region_with_batchnorm_trains_exactly():
 
     new = assert_same_step(model, make, inputs)
     assert 'save="compute"' in new.code and "freeze=" in new.code
+
+
+class _TransposedLinears(torch.nn.Module):
+    """Linear layers on a transposed sequence: eager adds their bias in place (a path fake tensors
+    take only under the simulation's EagerComposites mode)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(32, 16)
+
+    def forward(self, x):
+        y = torch.relu(self.a(x.transpose(1, 2)))
+        return self.b(y.transpose(1, 2)).relu()
+
+
+def test_a_selective_region_is_simulated_with_the_forwards_op_sequence():
+    """The simulated backward once ran checkpoint recomputations without the EagerComposites mode,
+    so a linear on a transposed input took another path than in its forward and torch's selective
+    checkpoint refused it ('aten.add.Tensor encountered during backward but not found in storage';
+    fuzz seeds 3000116, 3000148)."""
+    from remat.codegen import generate
+    from remat.solvers.base import SAVE_COMPUTE, Region
+
+    torch.manual_seed(0)
+    model, inputs = _TransposedLinears(), (torch.randn(4, 16, 32),)
+
+    def make(m):
+        gm, chain = _chain(m, inputs)
+        return generate(gm, chain, (Region(0, len(chain) - 1, (), SAVE_COMPUTE),))
+
+    new = assert_same_step(model, make, inputs)
+    assert 'save="compute"' in new.code
+    assert simulate_step(new, inputs).peak == remat.measure_peak(new, inputs)

@@ -244,3 +244,34 @@ def test_regions_over_merged_stages_keep_their_policy_and_nesting():
     groups = [(0, 2), (2, 3), (3, 7), (7, 9)]
     coarse = (Region(0, 2, (Region(1, 2),)), Region(2, 4, (), SAVE_COMPUTE))
     assert _expand(coarse, groups) == (Region(0, 3, (Region(2, 3),)), Region(3, 9, (), SAVE_COMPUTE))
+
+
+def test_a_selective_plan_torch_cannot_replay_is_planned_again_without_selective_regions(monkeypatch):
+    """torch's selective checkpoint refuses a recomputation whose ops differ from the forward's; the
+    simulation sees it first, and the planner falls back to plain regions with a warning instead of
+    raising (or returning a module that fails in its first backward)."""
+    import warnings
+
+    from remat.planner.problem import Problem
+    from remat.testing import assert_same_step
+    from remat.zoo import ResidualMLP
+
+    torch.manual_seed(0)
+    model, inputs = ResidualMLP(width=256, depth=8, classes=1, p=0.1), (torch.randn(16, 64, 256),)
+    selective = remat.checkpoint(model, inputs, budget=0.9)
+    assert 'save="compute"' in selective.code  # the case under test: the plan has selective regions
+
+    real = Problem.predict
+
+    def refuse(self, gm):
+        if 'save="compute"' in gm.code:
+            raise RuntimeError("aten.add.Tensor encountered during backward but not found in storage")
+        return real(self, gm)
+
+    monkeypatch.setattr(Problem, "predict", refuse)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gm = assert_same_step(model, lambda m: remat.checkpoint(m, inputs, budget=0.9), inputs)
+    assert any(issubclass(w.category, remat.RematWarning) and "selective" in str(w.message) for w in caught)
+    assert gm.remat_plan.regions and 'save="compute"' not in gm.code
+    assert remat.measure_peak(gm, inputs) <= gm.remat_plan.budget_bytes

@@ -7,17 +7,19 @@ budget and verifies the generated module on fake tensors (search.py); when nothi
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import replace
 
 from torch import fx
 
 from ..budget import Budget
+from ..errors import RematWarning
 from ..solvers.base import Plan
 from ..solvers.model import ChainModel, recompute_flops, recompute_time
-from ..solvers.registry import SolveSettings, get_solver
+from ..solvers.registry import Solver, SolveSettings, get_solver
 from .errors import fixed_plan_too_big, infeasible
 from .problem import Granularity, Problem, coarsen, prepare
-from .search import Candidate, NoFit, apply_regions, find_plan, model_floor, smallest_budget
+from .search import Candidate, NoFit, SelectiveReplay, apply_regions, find_plan, model_floor, smallest_budget
 
 __all__ = ["Candidate", "Granularity", "Problem", "apply_regions", "coarsen", "model_floor", "plan_problem",
            "prepare", "smallest_budget"]
@@ -37,6 +39,18 @@ def plan_problem(problem: Problem, solver_name: str, budget: Budget | None,
     """
     solver = get_solver(solver_name)
     start = time.perf_counter()
+    try:
+        found, budget_bytes = _search(problem, solver, budget, settings, verify)
+    except SelectiveReplay as e:
+        warnings.warn(f"a region keeping its matmul/conv/attention outputs cannot be replayed by torch's "
+                      f"selective checkpoint ({e}); planned without such regions", RematWarning, stacklevel=3)
+        found, budget_bytes = _search(problem, solver, budget, replace(settings, selective=False), verify)
+    return _result(problem, solver, found, budget_bytes, settings, start)
+
+
+def _search(problem: Problem, solver: Solver, budget: Budget | None, settings: SolveSettings,
+            verify: bool) -> tuple[Candidate, int | None]:
+    """The verified candidate at the budget, and the budget in bytes (see plan_problem)."""
     if budget is not None and budget.minimum and not solver.budgeted:
         raise ValueError(f"budget='min' needs a solver that plans under a budget, not {solver.name!r}")
     least = smallest_budget(problem, solver, settings, verify) if budget is not None and budget.minimum else None
@@ -60,6 +74,12 @@ def plan_problem(problem: Problem, solver_name: str, budget: Budget | None,
                 found = find_plan(problem, solver, budget_bytes, settings, verify)
             except NoFit:
                 pass
+    return found, budget_bytes
+
+
+def _result(problem: Problem, solver: Solver, found: Candidate, budget_bytes: int | None,
+            settings: SolveSettings, start: float) -> tuple[fx.GraphModule, Plan]:
+    """The generated module with its Plan attached."""
     model = ChainModel.from_chain(found.level.chain)
     plan = Plan(
         solver=solver.name, budget_bytes=budget_bytes, predicted_peak_bytes=found.peak,

@@ -14,12 +14,12 @@ from torch import fx
 
 from .. import progress
 from ..codegen import generate
-from ..solvers.base import Region
+from ..solvers.base import SAVE_COMPUTE, Region
 from ..solvers.model import ChainModel, evaluate, recompute_time
 from ..solvers.registry import Solver, SolveSettings
 from .problem import Granularity, Problem
 
-__all__ = ["Candidate", "NoFit", "apply_regions", "smallest_budget", "solve_regions", "model_floor", "find_plan"]
+__all__ = ["Candidate", "NoFit", "SelectiveReplay", "apply_regions", "smallest_budget", "solve_regions", "model_floor", "find_plan"]
 
 # Attempts of solve -> generate -> verify at one budget; each tightens the limit by at least the
 # stage model's error on the failed plan, and in practice the second attempt passes.
@@ -46,6 +46,26 @@ class NoFit(Exception):
     def __init__(self, best_peak: int | None) -> None:
         super().__init__(best_peak)
         self.best_peak = best_peak
+
+
+class SelectiveReplay(Exception):
+    """torch's selective checkpoint refused a plan's recomputation in the simulation: the region
+    runs ops in its recomputation that its forward did not (torch checks every op), so it would
+    fail on the real run too.  The planner then plans again without selective regions."""
+
+
+def _selective(regions: tuple[Region, ...]) -> bool:
+    return any(r.policy == SAVE_COMPUTE or _selective(r.children) for r in regions)
+
+
+def _predict(problem: Problem, gm: fx.GraphModule, regions: tuple[Region, ...]) -> int:
+    """The verified peak of ``gm``; a selective plan the simulation cannot replay raises SelectiveReplay."""
+    try:
+        return problem.predict(gm)
+    except RuntimeError as e:
+        if not _selective(regions):
+            raise
+        raise SelectiveReplay(str(e).splitlines()[0] if str(e) else type(e).__name__) from e
 
 
 def _expand(regions: tuple[Region, ...], groups: list[tuple[int, int]]) -> tuple[Region, ...]:
@@ -134,7 +154,7 @@ def find_plan(problem: Problem, solver: Solver, budget_bytes: int | None,
             peak = problem.unconstrained  # the model's own step
         elif verify:
             with progress.step("verify"):
-                peak = problem.predict(gm)
+                peak = _predict(problem, gm, regions)
         else:
             peak = problem.resident + evaluate(ChainModel.from_chain(level.chain), regions).peak
         # the model's own step needs no margin: it is what the user runs without remat
@@ -169,7 +189,7 @@ def smallest_budget(problem: Problem, solver: Solver, settings: SolveSettings = 
             gm = apply_regions(problem, regions, level.name)
             if verify:
                 with progress.step("verify", "the least-memory plan"):
-                    peak = problem.predict(gm)
+                    peak = _predict(problem, gm, regions)
             else:
                 peak = problem.resident + evaluate(ChainModel.from_chain(level.chain), regions).peak
             if best is None or peak < best.peak:

@@ -15,6 +15,7 @@ from ..units import fmt_bytes, fmt_flops
 from .dispatch import ScratchSource, Simulation, Target
 from .flops import BWD, FWD, LOSS
 from .memory import storage_bytes
+from .rules.composites import backward
 from .node import META_KEY, NodeProfile, NodeProfiler
 from .timing import machine
 
@@ -88,7 +89,7 @@ def profile_graph(gm: fx.GraphModule, args: tuple, kwargs: dict | None = None,
         del out
         profiler.flops.phase = BWD
         if loss is not None:
-            loss.backward()
+            backward(loss)
         del loss
         profiler.finish()
     grads = [t.grad for t in fake_params if t.grad is not None]

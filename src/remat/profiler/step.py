@@ -14,6 +14,7 @@ import torch
 from ..step import loss_of
 from .dispatch import ScratchSource, Simulation, Target
 from .memory import storage_bytes
+from .rules.composites import backward
 
 __all__ = ["StepMemory", "simulate_step"]
 
@@ -62,7 +63,7 @@ def simulate_step(fn: Callable[..., Any], args: tuple, kwargs: dict | None = Non
     with sim.running(), _sharded_gradients(sim.state, grad_shards or {}) as shards:
         loss = loss_of(fn(*sim.args, **sim.kwargs))
         if loss is not None:
-            loss.backward()
+            backward(loss)
         del loss
     grads = [t.grad for t in sim.state.values() if t.grad is not None]
     grad_bytes = storage_bytes(grads) + storage_bytes(shards)

@@ -31,11 +31,9 @@ class SolveSettings:
     slots: int = DEFAULT_SLOTS
     retry: bool = True  # rotor: solve once more at 4x the slots when the table finds nothing
     # Solvers with options: also regions that keep their expensive ops' outputs (torch's selective
-    # checkpoint; never for FSDP2 plans, see planner/search.py).  Off by default for now: with it on,
-    # 2 of 400 fuzz networks (benchmarks/fuzz.py --seed 3: seeds 3000116 and 3000148, both with
-    # attention in a region) fail inside torch's selective checkpoint ("aten.add.Tensor encountered
-    # during backward but not found in storage": the recomputation's op sequence differs).
-    selective: bool = False
+    # checkpoint; not for FSDP2 plans, see planner/search.py; a plan torch's selective checkpoint
+    # cannot replay in the simulation is planned again without them, with a warning).
+    selective: bool = True
 
 
 RegionsFn = Callable[["ChainModel", int, SolveSettings], "tuple[Region, ...] | None"]
@@ -101,8 +99,8 @@ def _rotor_least(model: ChainModel, settings: SolveSettings) -> tuple[Region, ..
 
 SOLVERS: dict[str, Solver] = {s.name: s for s in (
     Solver("rotor", _rotor, budgeted=True, optimal=True, least=_rotor_least, options=True,
-           help="optimal nested regions under the budget (dynamic program, Beaumont et al. 2019); the "
-                "default (its option to keep a region's matmul/conv/attention outputs is off for now)"),
+           help="optimal nested regions under the budget (dynamic program, Beaumont et al. 2019), each "
+                "recomputing everything or keeping its matmul/conv/attention outputs; the default"),
     Solver("chen-greedy", _greedy, budgeted=True, optimal=False, least=_greedy_least,
            help="Chen et al. 2016's greedy segments: one level of regions, the least recompute that fits"),
     Solver("chen-sqrtn", _sqrtn, budgeted=False, optimal=False,

@@ -7,6 +7,9 @@ on fake tensors they take an out-of-place path a real run does not.  The simulat
 * ``F.linear`` with a bias on an input that is neither 2-D nor contiguous (a transposed sequence,
   a permuted image): eager computes ``matmul`` and adds the bias in place; on fake tensors the add
   is out of place, one output-sized buffer more.
+
+The backward must run with the mode still on (``backward``): a checkpoint recomputes its region
+there, and must take the paths its forward took (selective checkpointing checks that it does).
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["EagerComposites"]
+__all__ = ["EagerComposites", "backward"]
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Any:
@@ -36,3 +39,17 @@ class EagerComposites(TorchFunctionMode):
             if out is not None:
                 return out
         return func(*args, **kwargs)
+
+
+
+def backward(loss: torch.Tensor) -> None:
+    """``loss.backward()`` for a scalar loss, with the torch-function modes left on.
+
+    ``Tensor.backward`` is itself a torch function: a mode handles the call and is off while the
+    autograd engine runs, so checkpoint recomputations would run without ``EagerComposites`` and
+    take the fake path their forward did not.  Calling the engine directly keeps the mode stack.
+    """
+    from torch.autograd.graph import _engine_run_backward
+
+    grad = torch.ones_like(loss, memory_format=torch.preserve_format)  # what Tensor.backward makes
+    _engine_run_backward((loss,), (grad,), False, False, (), allow_unreachable=True, accumulate_grad=True)
