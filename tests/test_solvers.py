@@ -35,9 +35,12 @@ def random_model(n: int, rng: random.Random) -> ChainModel:
     # what a region keeping its expensive outputs keeps of each stage, and the time that skips
     keep = [rng.randint(0, xbar[i]) if rng.random() < 0.7 else 0 for i in range(n)]
     keep_time = [float(rng.randint(0, f[i])) for i in range(n)]
+    # a stage's forward with nothing saved: mostly its output and a little, at times a large transient
+    # (a region's forward, not its recomputation, is then what bounds it)
+    fdis = [y[i] + (rng.randint(0, 40) if rng.random() < 0.7 else rng.randint(40, 250)) for i in range(n)]
     return ChainModel(tuple(f), tuple(x), tuple(y), tuple(xbar),
                       tuple(rng.randint(0, 20) for _ in range(n)), tuple(rng.randint(0, 30) for _ in range(n)),
-                      tuple(rng.randint(0, 10) for _ in range(n)), tuple(y[i] + rng.randint(0, 40) for i in range(n)),
+                      tuple(rng.randint(0, 10) for _ in range(n)), tuple(fdis),
                       tuple(skip), tuple(skip_from), tuple(float(v) for v in f), tuple(keep), tuple(keep_time))
 
 
@@ -58,25 +61,28 @@ def all_structures(start, stop, forbid=None):
                     yield [Region(start, end, (), SAVE_COMPUTE)] + rest
 
 
-def exact_search(model: ChainModel, limit: int):
-    """Least recomputation over every nested plan, each evaluated by the model's simulator."""
-    best = None
-    for regions in all_structures(0, len(model)):
-        cost = evaluate(model, regions)
-        if cost.peak <= limit and (best is None or cost.recompute < best):
-            best = cost.recompute
-    return best
+def exact_search(model: ChainModel, limits) -> dict[int, float | None]:
+    """Least recomputation at each limit over every nested plan, each evaluated by the model's
+    simulator (the plans are enumerated once; each limit then costs a scan)."""
+    costs = [evaluate(model, regions) for regions in all_structures(0, len(model))]
+    return {limit: min((c.recompute for c in costs if c.peak <= limit), default=None) for limit in limits}
 
 
-@pytest.mark.parametrize("seed", [*range(8), *(pytest.param(s, marks=pytest.mark.slow) for s in range(8, 40))])
+# Seeds 0-7 and 10 run by default (10 caught a DP that skipped a kept stage's backward memory check);
+# six-stage chains enumerate ~400k plans each, so the other seeds run with the slow ones.
+@pytest.mark.parametrize("seed", [*range(8), 10, *(pytest.param(s, marks=pytest.mark.slow) for s in (8, 9, *range(11, 40)))])
 def test_rotor_is_optimal_against_exhaustive_search(seed):
     rng = random.Random(seed)
     model = random_model(rng.randint(1, 6), rng)
     top = evaluate(model, ()).peak
-    for limit in sorted({rng.randint(top // 3, top) for _ in range(4)} | {top}):
+    # limits down to a quarter of the unconstrained peak: the tightest ones bind the memory checks
+    # of the regions that keep their expensive outputs
+    limits = sorted({rng.randint(top // 4, top) for _ in range(8)} | {top})
+    exact = exact_search(model, limits)
+    for limit in limits:
         table = solve_table(model, limit, slots=limit)  # one byte per slot: no rounding
         regions = rotor_regions(table)
-        best = exact_search(model, limit)
+        best = exact[limit]
         if regions is None:
             assert best is None
             continue
@@ -84,6 +90,26 @@ def test_rotor_is_optimal_against_exhaustive_search(seed):
         assert cost.peak <= limit
         assert cost.recompute == pytest.approx(float(table.cost[0, len(model) - 1, limit]) - sum(model.t))
         assert cost.recompute == pytest.approx(best)
+
+
+def test_rotor_is_optimal_on_many_short_chains():
+    """The same property on 150 chains of 2-4 stages, where exhaustive search is cheap: more draws
+    of the limits that bind each memory check (a selective region's forward with its keeps once
+    went unchecked here, unnoticed by the seeds above)."""
+    for seed in range(1000, 1150):
+        rng = random.Random(seed)
+        model = random_model(rng.randint(2, 4), rng)
+        top = evaluate(model, ()).peak
+        limits = sorted({rng.randint(top // 4, top) for _ in range(6)})
+        exact = exact_search(model, limits)
+        for limit in limits:
+            regions = rotor_regions(solve_table(model, limit, slots=limit))
+            if regions is None:
+                assert exact[limit] is None, (seed, limit)
+                continue
+            cost = evaluate(model, regions)
+            assert cost.peak <= limit, (seed, limit)
+            assert cost.recompute == pytest.approx(exact[limit]), (seed, limit)
 
 
 def random_plans(n: int, rng: random.Random, count: int):

@@ -150,12 +150,12 @@ class _Machine:
         for item in items:
             if isinstance(item, Region):
                 held = 0  # what the region holds between its stages (nothing saved)
-                kept = 0  # what a SAVE_COMPUTE region keeps of its stages so far
                 for i in range(item.start, item.stop):
-                    if item.policy != FULL:
-                        kept += m.keep[i]
-                    self._touch(held + kept + m.fdis[i])
-                    self.cur += m.out(item.start, i) - held + (m.keep[i] if item.policy != FULL else 0)
+                    keep = m.keep[i] if item.policy != FULL else 0  # a SAVE_COMPUTE region's kept outputs
+                    # cur already holds the stage's input and the region's earlier keeps; fdis is
+                    # the stage's peak above them (chain.py), its keeps counted at once
+                    self._touch(keep + m.fdis[i])
+                    self.cur += m.out(item.start, i) - held + keep
                     held = m.out(item.start, i)
             else:
                 self._touch(m.ftmp[item] + m.xbar[item])
