@@ -51,6 +51,9 @@ class Stage:
     fwd_time: float = 0.0  # predicted seconds of its forward (profiler/timing.py)
     keep: int = 0  # bytes of its matmul/conv/attention outputs: kept by a region that saves those
     keep_time: float = 0.0  # seconds of those ops: not recomputed when kept
+    # bytes of its input that nothing at or after it saves: freed during its forward, unless a
+    # checkpoint region starts here (the region holds its inputs until its backward)
+    xfree: int = 0
 
 
 @dataclass
@@ -171,6 +174,8 @@ def _stage(nodes: list[fx.Node], index: int, first: int, last: int, entry: froze
     # add's does not); an input nobody saved any more is freed during this stage's forward.
     kept_output = {u for u in output if last_saved.get(u, -1) > last}
     unkept_input = sum(nbytes[u] for u in entry if u >= 0 and last_saved.get(u, -1) < first)
+    # values flowing in that no node ever saves: a region starting here is what keeps them alive
+    xfree = sum(nbytes[u] for u in entry if u >= 0 and u not in last_saved)
     skip_uids = {u for u in _uids(nodes, skips) if u >= 0} - output
     x = sum(nbytes[u] for u in entry if u >= 0)
     y = sum(nbytes[u] for u in output)
@@ -195,7 +200,7 @@ def _stage(nodes: list[fx.Node], index: int, first: int, last: int, entry: froze
     seconds = max(MIN_STAGE_SECONDS, sum(p.fwd_time for p in profs))
     keep_time = min(seconds, sum(p.keep_time for p in profs))
     return Stage(index, first, last, tuple(n.name for n in nodes[first:last + 1]), fwd, bwd, x, xbar, ftmp, btmp,
-                 y, g, fdis, skip, skip_from, seconds, sum(p.keep_bytes for p in profs), keep_time)
+                 y, g, fdis, skip, skip_from, seconds, sum(p.keep_bytes for p in profs), keep_time, xfree)
 
 
 def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, split_blocks: bool = False) -> Chain:

@@ -19,6 +19,7 @@ from torch.utils._pytree import tree_map
 
 from .profiler.dispatch import ScratchSource, Simulation, Target
 from .profiler.memory import storage_bytes
+from .profiler.rules.composites import backward
 from .step import loss_of
 from .units import fmt_bytes
 
@@ -141,7 +142,7 @@ def step_timeline(fn: Callable[..., Any], args: tuple, kwargs: dict | None = Non
         loss = loss_of(fn(*sim.args, **sim.kwargs))
         rec.phase = "bwd"
         if loss is not None:
-            loss.backward()
+            backward(loss)
         del loss
     return Timeline(rec.points, sorted(rec.spans, key=lambda s: (s.first, s.depth)), rec.resident)
 

@@ -230,6 +230,7 @@ class Simulation:
                 stack.enter_context(_tracked_rng_state(self.tracker))
             if self.target.stand_in:
                 stack.enter_context(stand_in(self.target.device))
-            stack.enter_context(EagerComposites())
+            composites = stack.enter_context(EagerComposites())
             stack.enter_context(mode)
+            composites.own_modes()
             yield mode

@@ -43,6 +43,7 @@ class RotorTable:
     out_slots: torch.Tensor  # (L, L): [s, k-1] what a region s..k-1 holds, in slots
     sel_slots: torch.Tensor  # (L, L): [s, k-1] what a selective region s..k-1 holds, in slots
     credit: torch.Tensor  # (L, L): slots credited to the recomputation of s..k-1 (indexed [k, t])
+    xfree_slots: torch.Tensor  # (L,): [s] a region's inputs nothing else saves, held until its backward
     model: ChainModel
 
     def min_feasible_slot(self) -> int | None:
@@ -88,7 +89,7 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
 
     t_fwd, x, y, xbar = col(model.t), col(model.x), col(model.y), col(model.xbar)
     ftmp, btmp, g, fdis, skip = col(model.ftmp), col(model.btmp), col(model.g), col(model.fdis), col(model.skip)
-    keep = col(model.keep)
+    keep, xfree = col(model.keep), col(model.xfree)
     t_sel = col([model.recompute_seconds(i, SAVE_COMPUTE) for i in range(n)])
     skip_from = torch.tensor(model.skip_from)
     delta = col([model.delta(i) for i in range(n)])
@@ -111,7 +112,8 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
     # discard forward of s..k-1: peak over its stages of (what it holds before) + fdis
     before = torch.cat([torch.zeros((n, 1), dtype=d64), held[:, :-1]], dim=1)
     inside = t_idx >= s_idx
-    w = torch.where(inside, fdis[None, :] + torch.where(t_idx > s_idx, before, 0.0), -INF)
+    # (a region holds its inputs nothing else saves, xfree[s], from its start to its backward)
+    w = torch.where(inside, fdis[None, :] + torch.where(t_idx > s_idx, before, 0.0) + xfree[:, None], -INF)
     disc = _ceil(torch.cummax(w, dim=1).values, slot)  # disc[s, k-1]: segment s..k-1
     # a selective region also holds what its stages s..i keep
     kept = torch.where(inside, pk[1:][None, :] - pk[:-1][:, None], 0.0)  # kept[s, i]: keep of s..i
@@ -119,8 +121,9 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
     # memory credited to the recomputation of s..k-1 once k..t is done (indexed [k, t])
     credit = _floor(delta[None, :] - x[:, None] - (pg[1:][None, :] - pg[:-1][:, None]), slot)
     x_slots = _ceil(xbar, slot)
-    out_slots = _ceil(held, slot)
-    sel_slots = _ceil(held + kept, slot)
+    out_slots = _ceil(held + xfree[:, None], slot)
+    sel_slots = _ceil(held + kept + xfree[:, None], slot)
+    xfree_slots = _ceil(xfree, slot)
     need = _keep_all_need(x_slots, fwd_keep, bwd_after, bwd_alone)  # [s, k-1]: recomputing s..k-1 kept
 
     # Padded rows: padded[s, t, n_slots+1 + m] = C[s, t, m].  Left of it n_slots+1 columns of inf (not
@@ -145,7 +148,6 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
     out_start = (width - out_slots).clamp(0, 2 * width)  # slice start of C[., ., m - held[s, k-1]]
     sel_start = (width - sel_slots).clamp(0, 2 * width)
     x_start = (width - x_slots).clamp(0, 2 * width)
-    credit_start = (width + credit).clamp(0, 2 * width)
     for d in range(1, n):
         s = torch.arange(n - d)
         t = s + d
@@ -159,7 +161,8 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
         ss = s[:, None].expand_as(k)
         first_forward = (pfc[k] - pfc[s][:, None])[..., None]
         sub1 = window[k, tt, out_start[ss, k - 1]]
-        sub2 = window[ss, k - 1, credit_start[k, tt]]
+        room_start = (width + credit[k, tt] - xfree_slots[ss]).clamp(0, 2 * width)  # its inputs still held
+        sub2 = window[ss, k - 1, room_start]
         opt2 = sub1.add(sub2).add_(first_forward)
         opt2.masked_fill_(disc[ss, k - 1][..., None] > m, INF)
         v2, arg2 = opt2.min(dim=1)
@@ -172,7 +175,7 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
             # with everything kept (it must fit once k..t is done), costing only the cheap ops
             sub3 = window[k, tt, sel_start[ss, k - 1]]
             opt3 = sub3.add(first_forward).add_((psc[k] - psc[s][:, None])[..., None])
-            room = (m[None, None, :] + credit[k, tt][..., None]).clamp(max=n_slots)
+            room = (m[None, None, :] + (credit[k, tt] - xfree_slots[ss])[..., None]).clamp(max=n_slots)
             opt3.masked_fill_((sel_disc[ss, k - 1][..., None] > m) | (need[ss, k - 1][..., None] > room), INF)
             v3, arg3 = opt3.min(dim=1)
             sel = v3 < value
@@ -182,7 +185,7 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
         what[s, t] = choice
         chosen_sel[s, t] = sel
     cost = padded[:, :, mid]
-    return RotorTable(cost, what, chosen_sel, slot, x_slots, out_slots, sel_slots, credit, model)
+    return RotorTable(cost, what, chosen_sel, slot, x_slots, out_slots, sel_slots, credit, xfree_slots, model)
 
 
 def rotor_regions(table: RotorTable, m: int | None = None) -> tuple[Region, ...] | None:
@@ -207,7 +210,7 @@ def rotor_regions(table: RotorTable, m: int | None = None) -> tuple[Region, ...]
                 out.append(Region(s, k, (), SAVE_COMPUTE))
                 m -= int(table.sel_slots[s, k - 1])
             else:
-                m2 = min(n_slots, m + int(table.credit[k, t]))
+                m2 = min(n_slots, m + int(table.credit[k, t]) - int(table.xfree_slots[s]))
                 out.append(Region(s, k, tuple(build(s, k - 1, m2)), FULL))
                 m -= int(table.out_slots[s, k - 1])
             s = k

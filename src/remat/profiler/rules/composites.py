@@ -6,7 +6,10 @@ on fake tensors they take an out-of-place path a real run does not.  The simulat
 
 * ``F.linear`` with a bias on an input that is neither 2-D nor contiguous (a transposed sequence,
   a permuted image): eager computes ``matmul`` and adds the bias in place; on fake tensors the add
-  is out of place, one output-sized buffer more.
+  is out of place, one output-sized buffer more.  Eager too is subclass-like while a Python
+  dispatch mode runs (torch's selective checkpoint, remat's state freezing): then it adds out of
+  place as well.  The simulation's own modes (fake tensors, accounting) are not counted: they are
+  registered with ``own_modes`` once they are on.
 
 The backward must run with the mode still on (``backward``): a checkpoint recomputes its region
 there, and must take the paths its forward took (selective checkpointing checks that it does).
@@ -18,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 __all__ = ["EagerComposites", "backward"]
 
@@ -32,9 +36,21 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
 class EagerComposites(TorchFunctionMode):
     """Routes the composites above through the ops eager runs."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.own: set[int] = set()
+
+    def own_modes(self) -> None:
+        """The dispatch modes now on are the simulation's: a real run has none of them."""
+        self.own = {id(m) for m in _get_current_dispatch_mode_stack()}
+
+    def _eager_subclass_like(self) -> bool:
+        return any(id(m) not in self.own for m in _get_current_dispatch_mode_stack())
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is F.linear and all(isinstance(a, torch.Tensor) or a is None for a in (*args, *kwargs.values())):
+        if (func is F.linear and all(isinstance(a, torch.Tensor) or a is None for a in (*args, *kwargs.values()))
+                and not self._eager_subclass_like()):
             out = _linear(*args, **kwargs)
             if out is not None:
                 return out
