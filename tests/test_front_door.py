@@ -77,6 +77,7 @@ def test_bad_arguments_fail_at_once_with_one_line(run_remat, argv, says):
     assert says in done.stderr
 
 
+@pytest.mark.slow  # imports torchvision in a subprocess; spec suggestions run by default above
 def test_a_misspelled_torchvision_model_gets_close_names(run_remat):
     done = run_remat("flops", "torchvision:resnet81")
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
@@ -122,11 +123,12 @@ def test_a_factory_in_the_current_directory_loads(factory_dir):
     assert "mymodels:make  batch 3" in done.stdout and "aten.addmm" in done.stdout
 
 
+# each case starts python and imports torch (~1.5 s): one runs by default, the rest with the slow tests
 @pytest.mark.parametrize("spec, says", [
     ("mymodels:mkae", "has no attribute 'mkae' (did you mean make?)"),
-    ("mymodels:no_batch", "has no 'batch' parameter"),
-    ("mymodels:only_model", "returned only a model"),
-    ("nomodule:make", "cannot import 'nomodule'"),
+    pytest.param("mymodels:no_batch", "has no 'batch' parameter", marks=pytest.mark.slow),
+    pytest.param("mymodels:only_model", "returned only a model", marks=pytest.mark.slow),
+    pytest.param("nomodule:make", "cannot import 'nomodule'", marks=pytest.mark.slow),
 ])
 def test_factory_mistakes_are_one_line_naming_the_contract(factory_dir, spec, says):
     done = factory_dir("flops", spec)
