@@ -2,7 +2,7 @@
 
 FLOPs are a poor proxy for time: recomputing a norm or an activation costs memory traffic, not
 arithmetic.  An op's time is measured on the planning machine when its memory is (calibrate.py
-times the op once more, outside the profiler), else estimated with a roofline: the larger of its
+times it, the best of a few runs outside the profiler), else estimated with a roofline: the larger of its
 FLOPs at the machine's matmul rate and the bytes it reads and writes at the machine's copy
 bandwidth, plus a per-op overhead.  The three machine numbers are measured once per (device type,
 torch version, threads) and cached next to the kernel measurements.
@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["Machine", "machine", "roofline_seconds", "tensor_bytes"]
+__all__ = ["Machine", "best_of", "machine", "roofline_seconds", "tensor_bytes"]
 
 
 @dataclass(frozen=True)
@@ -36,12 +38,17 @@ class Machine:
 _NOMINAL = {"cuda": Machine(100e12, 3.0e12, 5e-6, "nominal: NVIDIA H100 SXM data sheet")}
 
 
-def _best_of(fn, repeat: int = 5) -> float:
-    best = float("inf")
+def best_of(fn: Callable[[], Any], repeat: int = 5, budget_s: float = math.inf) -> float:
+    """The fastest of ``repeat`` runs of ``fn`` (a busy machine only ever slows a run down), fewer
+    once the runs so far took ``budget_s``."""
+    best, spent = math.inf, 0.0
     for _ in range(repeat):
         start = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        best, spent = min(best, seconds), spent + seconds
+        if spent > budget_s:
+            break
     return best
 
 
@@ -50,12 +57,12 @@ def _measure_cpu(threads: int) -> Machine:
     torch.set_num_threads(threads)
     try:
         a, b = torch.rand(1024, 1024), torch.rand(1024, 1024)
-        flops = 2 * 1024**3 / _best_of(lambda: torch.mm(a, b))
+        flops = 2 * 1024**3 / best_of(lambda: torch.mm(a, b))
         big = torch.empty(16 * 2**20 // 4)
         out = torch.empty_like(big)
-        bandwidth = 2 * big.numel() * 4 / _best_of(lambda: out.copy_(big))
+        bandwidth = 2 * big.numel() * 4 / best_of(lambda: out.copy_(big))
         tiny = torch.ones(1)
-        overhead = _best_of(lambda: torch.add(tiny, tiny), repeat=50)
+        overhead = best_of(lambda: torch.add(tiny, tiny), repeat=50)
     finally:
         torch.set_num_threads(before)
     return Machine(flops, bandwidth, overhead, "measured")
