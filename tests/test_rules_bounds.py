@@ -44,6 +44,13 @@ def _cases() -> dict[str, tuple[nn.Module, torch.Tensor]]:
     }
 
 
+# The bf16 conv3d bound assumes oneDNN's reference/gemm kernels computing in fp32 (rules/cpu_conv.py:
+# gemm_bound).  How far the real kernel stays below depends on the CPU: the step peaked at ~820 KB
+# (12x under the bound) on the machine the rule was checked on, at 418,892 B (23.5x under) on an
+# AMD EPYC with AVX-512 bf16 (2026-12-04), whose kernel keeps the bf16 operands.
+LOOSEST = {"conv3d_bf16": 32}
+
+
 @pytest.mark.parametrize("name", list(_cases()))
 def test_rules_only_prediction_is_an_upper_bound(name: str) -> None:
     module, x = _cases()[name]
@@ -53,5 +60,6 @@ def test_rules_only_prediction_is_an_upper_bound(name: str) -> None:
     measured = remat.measure_peak(model, (x,))
     assert predicted >= measured, f"{name}: rules predict {predicted} B, the step peaks at {measured} B"
     # a bound, not a useless one (the convolution bounds cover kernels they cannot tell apart, at a
-    # price on small convolutions: 12x for the bf16 conv3d here)
-    assert predicted <= 16 * measured, f"{name}: rules predict {predicted} B for a {measured} B peak"
+    # price on small convolutions)
+    assert predicted <= LOOSEST.get(name, 16) * measured, f"{name}: rules predict {predicted} B for a {measured} B peak"
+
