@@ -20,10 +20,23 @@ def md_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(lines)
 
 
+def cpu_model() -> str:
+    """The CPU's model name: kernels (and so measured scratch and the rules' looseness) differ between
+    CPUs of one architecture, so results say which one made them."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
 def write_result(name: str, title: str, sections: Sequence[str]) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / name
-    machine = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    machine = f"{platform.machine()} ({cpu_model()}), {torch.get_num_threads()} threads, torch {torch.__version__}"
     # the running benchmark script (one script may write several results), else the result's name
     main = getattr(sys.modules["__main__"], "__file__", None)
     ours = main is not None and Path(main).resolve().parent == RESULTS.resolve().parent
