@@ -131,6 +131,7 @@ def test_attention_is_the_fused_kernels_not_the_attention_matrix():
     assert math.peak_bytes - cuda.peak_bytes >= matrix
 
 
+@pytest.mark.slow  # (2.2 s) the fast CUDA checks are the rules, the fake session and the fused attention above
 def test_resnet18_cuda_plan_fits_and_its_module_runs_anywhere():
     torchvision = pytest.importorskip("torchvision")
     model = torchvision.models.resnet18()

@@ -117,6 +117,7 @@ def factory_dir(tmp_path):
     return run
 
 
+@pytest.mark.slow  # (3.5 s) the first mistake case below imports its factory module from the cwd too
 def test_a_factory_in_the_current_directory_loads(factory_dir):
     done = factory_dir("flops", "mymodels:make", "--batch", "3")
     assert done.returncode == 0, done.stderr
