@@ -62,4 +62,3 @@ def test_rules_only_prediction_is_an_upper_bound(name: str) -> None:
     # a bound, not a useless one (the convolution bounds cover kernels they cannot tell apart, at a
     # price on small convolutions)
     assert predicted <= LOOSEST.get(name, 16) * measured, f"{name}: rules predict {predicted} B for a {measured} B peak"
-
