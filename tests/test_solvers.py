@@ -95,11 +95,15 @@ def test_rotor_is_optimal_against_exhaustive_search(seed):
         assert cost.recompute == pytest.approx(best)
 
 
-def test_rotor_is_optimal_on_many_short_chains():
+# The first half runs by default: without the selective-forward check in rotor.py, seeds 1012,
+# 1017, 1038, 1045, 1051, 1060 and 1067 fail there (and 1082, 1103, 1130, 1132 in the slow half).
+@pytest.mark.parametrize("seeds", [range(1000, 1075), pytest.param(range(1075, 1150), marks=pytest.mark.slow)],
+                         ids=["1000-1074", "1075-1149"])
+def test_rotor_is_optimal_on_many_short_chains(seeds):
     """The same property on 150 chains of 2-4 stages, where exhaustive search is cheap: more draws
     of the limits that bind each memory check (a selective region's forward with its keeps once
     went unchecked here, unnoticed by the seeds above)."""
-    for seed in range(1000, 1150):
+    for seed in seeds:
         rng = random.Random(seed)
         model = random_model(rng.randint(2, 4), rng)
         top = evaluate(model, ()).peak
@@ -255,16 +259,17 @@ def test_recompute_never_grows_with_the_budget():
 
 
 def test_plan_round_trips_through_json_and_reapplies(tmp_path):
-    work = build("mlp", 2)
-    gm = remat.checkpoint(work.model, work.inputs, budget="40%")
+    model, inputs = ResidualMLP(width=64, depth=6), (torch.randn(4, 64, 64),)
+    gm = remat.checkpoint(model, inputs, budget="40%")
+    assert gm.remat_plan.regions  # a plan that changes the code, so reapplying it is tested
     path = tmp_path / "plan.json"
     gm.remat_plan.to_json(path)
     plan = remat.load_plan(path)
     assert plan == Plan.from_json(gm.remat_plan.to_json())
-    again = assert_same_step(work.model, lambda m: remat.apply_plan(m, work.inputs, plan), work.inputs)
+    again = assert_same_step(model, lambda m: remat.apply_plan(m, inputs, plan), inputs)
     assert again.code == gm.code
     with pytest.raises(ValueError, match="different graph"):
-        remat.apply_plan(ResidualMLP(depth=3), work.inputs, plan)
+        remat.apply_plan(ResidualMLP(width=64, depth=3), inputs, plan)
 
 
 @pytest.mark.slow
@@ -308,7 +313,7 @@ def test_a_selective_plan_torch_cannot_replay_is_planned_again_without_selective
     from remat.zoo import ResidualMLP
 
     torch.manual_seed(0)
-    model, inputs = ResidualMLP(width=256, depth=8, classes=1, p=0.1), (torch.randn(16, 64, 256),)
+    model, inputs = ResidualMLP(width=128, depth=4, classes=1, p=0.1), (torch.randn(8, 64, 128),)
     # the case under test: a plan with selective regions (made free here: whether they pay off
     # depends on the op times measured on this machine)
     seconds = ChainModel.recompute_seconds

@@ -63,8 +63,9 @@ def _cut(tree: Any, batch: int, keep: int) -> Any:
 
 def _tolerance(t: torch.Tensor) -> tuple[float, float]:
     """(rtol, atol) for comparing two runs of the same ops: float32 sums may be reordered."""
-    finite = t.detach().abs()[torch.isfinite(t.detach())]
-    scale = float(finite.max()) if finite.numel() else 0.0
+    # the largest finite magnitude; nan_to_num instead of a boolean mask, which costs ~20x more
+    # (it gathers a copy) and ran for every output, gradient and buffer of every plan
+    scale = float(t.detach().abs().nan_to_num_(0.0, 0.0, 0.0).max()) if t.numel() else 0.0
     if t.dtype in (torch.float16, torch.bfloat16):
         return 2e-2, 2e-2 * max(scale, 1e-3)
     return 1e-4, 1e-5 * max(scale, 1e-3)
@@ -102,7 +103,7 @@ def _run(module: torch.nn.Module, args: tuple, kwargs: dict, names: dict[int, st
 def _compare(a: torch.Tensor, b: torch.Tensor, values: bool) -> str | None:
     if a.shape != b.shape or a.dtype != b.dtype:
         return f"{tuple(b.shape)} {b.dtype} where the model gives {tuple(a.shape)} {a.dtype}"
-    if not values:
+    if not values or torch.equal(a, b):  # equal: the common case, and ~10x cheaper than allclose
         return None
     rtol, atol = _tolerance(a)
     if not torch.allclose(b.float(), a.float(), rtol=rtol, atol=atol, equal_nan=True):
