@@ -5,7 +5,11 @@ measured on one CPU and cannot know another CPU's kernels, thread count or torch
 step runs on this machine's CPU and its inputs are real, each distinct op signature (op, argument
 shapes, strides, dtypes and other arguments) is instead run once in isolation on real tensors of
 that signature (random values in [0, 1); integer and boolean tensors are zeros, so indices stay in
-range), with the plan's thread count, and its memory is read from the allocator's events: its
+range; where a kernel's scratch depends on index values, its rule declares ``value_bound`` and its
+bound is kept when larger), with the plan's thread count and, where torch's current thread count
+differs, with that one too: the larger scratch counts, since fewer threads can take a path with
+more (upsample_bilinear2d on a strided input allocates two input-sized buffers at 1 thread and none
+at 2, benchmarks/opfuzz.py seed 649).  Its memory is read from the allocator's events: its
 scratch is the highest total while it runs minus what it still holds when it returns (its outputs),
 and when those outputs are larger than the fake kernel's (an RNN kernel's workspace), the difference
 lives and dies with them.
@@ -26,7 +30,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -236,6 +240,9 @@ class Calibration:
 
     target: Target
     limit_bytes: int  # signatures whose tensors exceed this are not run (the rules' bound is used)
+    # other thread counts the step may run with (torch's current one, when the plan assumes more):
+    # the scratch is the largest measured; fewer threads can take a path with more
+    also_threads: tuple[int, ...] = ()
     cache: ScratchCache = field(init=False)
     measured: int = 0  # signatures measured during this plan
     reused: int = 0  # op calls answered from the cache
@@ -246,28 +253,43 @@ class Calibration:
 
     def __post_init__(self) -> None:
         self.cache = ScratchCache.for_target(self.target)
+        self._also = tuple((t, ScratchCache.for_target(replace(self.target, threads=t)))
+                           for t in sorted(set(self.also_threads)) if t != self.target.threads)
+
+    def _value(self, cache: ScratchCache, threads: int, func: OpOverload, args: tuple, kwargs: dict,
+               out: Any) -> list[Any] | None:
+        """The cached or newly measured [scratch, held, strides, seconds] at ``threads``; None when
+        the op cannot run in isolation or its tensors are too large to run here."""
+        key = signature(func, args, kwargs)
+        known, value = cache.get(key)
+        if known:
+            self.reused += 1
+            return value
+        size = sum(t.untyped_storage().nbytes() for t in _tensors((args, kwargs, out)))
+        if size > self.limit_bytes:
+            return None
+        start = time.perf_counter()
+        value = measure_kernel(func, args, kwargs, threads)
+        self.seconds += time.perf_counter() - start
+        self.largest_bytes = max(self.largest_bytes, size + (value[0] if value else 0))
+        cache.put(key, value)
+        self.measured += 1
+        return value
 
     def kernel(self, func: Any, args: tuple, kwargs: dict, out: Any, rules: tuple[MemoryRule, ...],
                ctx: RuleContext) -> KernelMemory:
         if not isinstance(func, OpOverload) or not _measurable(func):
             return self._fallback.kernel(func, args, kwargs, out, rules, ctx)
-        key = signature(func, args, kwargs)
-        known, value = self.cache.get(key)
-        if not known:
-            size = sum(t.untyped_storage().nbytes() for t in _tensors((args, kwargs, out)))
-            if size > self.limit_bytes:
-                return self._estimate(func, args, kwargs, out, rules, ctx)
-            start = time.perf_counter()
-            value = measure_kernel(func, args, kwargs, ctx.threads)
-            self.seconds += time.perf_counter() - start
-            self.largest_bytes = max(self.largest_bytes, size + (value[0] if value else 0))
-            self.cache.put(key, value)
-            self.measured += 1
-        else:
-            self.reused += 1
+        value = self._value(self.cache, self.target.threads, func, args, kwargs, out)
         if value is None:
             return self._estimate(func, args, kwargs, out, rules, ctx)
         scratch, held, strides, seconds = value
+        for threads, cache in self._also:
+            other = self._value(cache, threads, func, args, kwargs, out)
+            scratch = max(scratch, other[0] if other else 0)
+        if any(r.value_bound is not None and r.scratch is not None and r.value_bound(args, kwargs) for r in rules):
+            # measured on zero indices, which cannot show scratch that depends on index values
+            scratch = max(scratch, self._fallback.kernel(func, args, kwargs, out, rules, ctx).scratch)
         return KernelMemory(scratch, max(0, held - _new_bytes(args, kwargs, out)),
                             tuple(None if st is None else tuple(st) for st in strides), seconds)
 
@@ -278,6 +300,8 @@ class Calibration:
 
     def flush(self) -> None:
         self.cache.flush()
+        for _, cache in self._also:
+            cache.flush()
 
 
 def _available_memory() -> int:
@@ -313,4 +337,4 @@ def calibration_for(target: Target, tensors: Iterable[torch.Tensor], enabled: bo
         return None
     if enabled is None and any(t.device.type == "meta" for t in tensors):
         return None
-    return Calibration(target, int(MEASURE_SHARE * _available_memory()))
+    return Calibration(target, int(MEASURE_SHARE * _available_memory()), also_threads=(torch.get_num_threads(),))

@@ -21,6 +21,10 @@ dispatch path (``profiler/dispatch.py``) for the per-node profile and the step s
   them, so they count as resident bytes of the step.
 * ``granularity`` (with ``op=None``): every allocation on the device is rounded up to a multiple of
   it (the CUDA caching allocator's block size).
+* ``value_bound`` (with ``scratch``): a predicate of the op's arguments saying when its scratch
+  depends on the values of its integer arguments (which bags are empty, which index won a max).
+  Calibration runs ops on zeros, which cannot show that, so there the rule's bound is kept when it
+  is larger than the measurement.
 
 Every rule carries ``doc`` (what it models) and ``source`` (the measurement or derivation behind its
 numbers); ``python -m remat.profiler.docs --memory`` renders the table in docs/memory.md.
@@ -70,6 +74,7 @@ class MemoryRule:
     workspace: Callable[[RuleContext], int] | None = None  # op None: resident library workspaces
     granularity: int = 0  # op None: allocations on this device are rounded up to a multiple of it
     applies: Callable[[OpOverload], bool] | None = None  # with op None: which ops the rule is about
+    value_bound: Callable[[tuple, dict], bool] | None = None  # scratch depends on index values then
 
 
 RULES: list[MemoryRule] = []
@@ -77,7 +82,7 @@ RULES: list[MemoryRule] = []
 
 def rule(ops: OpOverload | list[OpOverload] | None, device: str, doc: str, source: str, **aspects: Any) -> None:
     """Register one aspect (``scratch=``, ``extra_out=``, ``layout=``, ``dropped=``, ``held=``, ``writes=``,
-    ``workspace=``, ``granularity=``) for ``ops``
+    ``workspace=``, ``granularity=``, ``value_bound=``) for ``ops``
     (``None``: a rule about every op, such as how Python-number operands are wrapped)."""
     for op in ops if isinstance(ops, list) else [ops]:
         RULES.append(MemoryRule(op, device, doc, source, **aspects))
