@@ -57,6 +57,10 @@ def profile(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | Non
     on this machine when the inputs are real CPU tensors (``calibrate=None``; True/False force it),
     else bounded by the memory rules.  ``device="cuda"`` predicts the step on a GPU (its kernels,
     its allocator's accounting) for a model and inputs on the CPU or meta; default: where they are.
+
+    The step predicted is the traced one, which frees each value after its last use, as every
+    module remat generates does; Python code that keeps intermediates in locals until its function
+    returns (``nn.MultiheadAttention`` with ``need_weights``) can peak a little higher run eagerly.
     """
     return trace_and_profile(model, _as_args(example_inputs), kwargs, calibrate, device=device).profile
 
