@@ -77,3 +77,49 @@ def test_scratch_that_depends_on_index_values_is_bounded_when_measured(dtype: to
     predicted = remat.profile(model, (x,)).peak_bytes
     measured = remat.measure_peak(model, (x,))
     assert_predicted(predicted, measured, what=f"EmbeddingBag max {dtype}")
+
+
+def _layouts(shape: tuple[int, ...]):
+    """An input of ``shape`` in each layout a model hands a kernel: contiguous, channels-last (4-D,
+    5-D), permuted, sliced."""
+    yield "contiguous", torch.randn(shape)
+    if len(shape) in (4, 5):
+        fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
+        yield "channels-last", torch.randn(shape).contiguous(memory_format=fmt)
+    order = (*range(1, len(shape)), 0)
+    yield "permuted", torch.randn([shape[i] for i in order]).permute([order.index(i) for i in range(len(shape))])
+    yield "sliced", torch.randn(*shape[:-1], 2 * shape[-1])[..., ::2]
+
+
+@pytest.mark.parametrize("shape", [(6, 5), (4, 5, 7), (3, 5, 6, 7), (2, 5, 3, 4, 6)], ids=["1d-flat", "1d", "2d", "3d"])
+def test_batch_norm_outputs_are_laid_out_as_the_cpu_kernels_lay_them_out(shape: tuple[int, ...]) -> None:
+    """The fake kernels keep a permuted input's strides (forward) or the gradient's (backward); the
+    CPU kernels use the input's suggested memory format. The layout decides what autograd copies."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from remat.profiler.rules import rules_for
+
+    aten = torch.ops.aten
+    c = shape[1]
+
+    def run(x, g):
+        w, b, rm, rv = torch.randn(c), torch.randn(c), torch.zeros(c), torch.ones(c)
+        fwd = aten.native_batch_norm.default(x, w, b, rm, rv, True, 0.1, 1e-5)
+        bwd = aten.native_batch_norm_backward.default(g, x, w, rm, rv, fwd[1], fwd[2], True, 1e-5, [True, True, True])
+        return fwd, bwd, (x, w, b, rm, rv, True, 0.1, 1e-5), (g, x)
+
+    def laid_out(op, args, out):
+        for r in rules_for(op, "cpu"):
+            if r.layout is not None:
+                out = r.layout(args, out)
+        return out[0].stride()
+
+    for name, x in _layouts(shape):
+        for gname, g in _layouts(shape):
+            real_fwd, real_bwd, _, _ = run(x, g)
+            with FakeTensorMode() as mode:
+                fwd, bwd, fargs, bargs = run(mode.from_tensor(x), mode.from_tensor(g))
+                got_fwd = laid_out(aten.native_batch_norm.default, fargs, fwd)
+                got_bwd = laid_out(aten.native_batch_norm_backward.default, bargs, bwd)
+            assert got_fwd == real_fwd[0].stride(), (name, "forward")
+            assert got_bwd == real_bwd[0].stride(), (name, gname, "backward")

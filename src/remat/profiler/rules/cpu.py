@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 import torch
+from torch._prims_common import suggest_memory_format
 
 from . import RuleContext, nbytes, rule, scratch_rule
 
@@ -155,6 +156,29 @@ def _group_norm_layout(x: torch.Tensor, out: Any) -> Any:
     if not channels_last(x) or out[0] is None or channels_last(out[0]):
         return out
     return (torch.empty_like(out[0], memory_format=torch.channels_last), *out[1:])
+
+
+def _batch_norm_layout(x: torch.Tensor, out: Any) -> Any:
+    """The CPU batch-norm kernels write their output (forward) and input gradient (backward) in the
+    input's suggested memory format: channels-last when it is strided so, else contiguous."""
+    first = out[0]
+    if first is None:
+        return out
+    fmt = suggest_memory_format(x)
+    if first.is_contiguous(memory_format=fmt):
+        return out
+    return (torch.empty_like(first, memory_format=fmt), *out[1:])
+
+
+rule([aten.native_batch_norm.default, aten._native_batch_norm_legit.default], "cpu",
+     "the output is laid out in the input's suggested memory format (the fake kernel keeps a permuted input's "
+     "strides)", "measured: strides of the CPU kernel's output vs the fake kernel's, 2-D to 5-D inputs in every "
+     "layout (tests/test_rules_bounds.py)", layout=lambda args, out: _batch_norm_layout(args[0], out))
+rule(aten.native_batch_norm_backward.default, "cpu",
+     "the input gradient is laid out in the input's suggested memory format (the fake kernel follows the "
+     "gradient's); autograd then copies it to a permuted input's strides (opfuzz seed 6000000485: -33 %)",
+     "measured: strides of the CPU kernel's output vs the fake kernel's, 2-D to 5-D inputs in every layout "
+     "(tests/test_rules_bounds.py)", layout=lambda args, out: _batch_norm_layout(args[1], out))
 
 
 rule(aten.native_layer_norm_backward.default, "cpu", "the input gradient comes out contiguous for a strided input",
