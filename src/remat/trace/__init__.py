@@ -63,6 +63,22 @@ def _hint(failures: dict[str, BaseException | Mismatch]) -> str:
             "everywhere (attention masks), or turn off caches (`config.use_cache = False`)")
 
 
+def _constants_as_buffers(gm: fx.GraphModule) -> None:
+    """Register the tensors the graph reads that are neither parameters nor buffers (a tensor
+    ``torch.export`` lifted from a closure, an attention mask) as buffers, as ``fx.GraphModule``
+    does when it builds every generated module: the profile then counts them resident, as a real
+    step of the generated module holds them."""
+    state = {id(t) for t in [*gm.parameters(), *gm.buffers()]}
+    for node in gm.graph.find_nodes(op="get_attr"):
+        owner_name, _, field = node.target.rpartition(".")
+        owner = gm.get_submodule(owner_name) if owner_name else gm
+        value = getattr(owner, field, None)
+        if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter) and id(value) not in state:
+            delattr(owner, field)
+            owner.register_buffer(field, value)
+            state.add(id(value))
+
+
 def trace(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | None = None, *,
           check: bool = True) -> fx.GraphModule:
     """Trace ``model`` into a GraphModule that shares its parameters and keeps their names, and
@@ -78,6 +94,7 @@ def trace(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | None 
         except Exception as e:  # noqa: BLE001 - any tracing failure moves on to the next frontend
             failures[name] = e
             continue
+        _constants_as_buffers(gm)
         mismatch = check_trace(model, gm, args, kwargs) if check else None
         if mismatch is None:
             return gm
