@@ -343,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     global SCRATCH
     SCRATCH = args.scratch
-    args.out = args.out or ("benchmarks/results/opfuzz" + ("_rules" if args.scratch == "rules" else ""))
+    # the default path is beside this script, wherever it is run from
+    args.out = args.out or str(Path(__file__).resolve().parent / "results" / ("opfuzz" + ("_rules" if args.scratch == "rules" else "")))
     torch.set_num_threads(args.threads)
     if args.worker:
         worker()
