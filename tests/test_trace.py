@@ -303,3 +303,44 @@ def test_an_export_traced_module_follows_eval_like_the_model():
     a = gm(x)
     torch.manual_seed(1)
     assert torch.allclose(a, model(x))  # and back in training the same masks and batch statistics
+
+
+class _RacyGrad(torch.autograd.Function):
+    """Identity whose backward adds a little noise from Python's RNG: a stand-in for a kernel whose
+    reduction order depends on thread timing (bf16 depthwise convolution weight gradients)."""
+
+    @staticmethod
+    def forward(ctx, w):
+        return w.view_as(w)
+
+    @staticmethod
+    def backward(ctx, g):
+        import random
+
+        return g * (1 + 0.5 * random.random())
+
+
+class Racy(nn.Module):
+    def __init__(self, outputs_too: bool = False):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.outputs_too = outputs_too
+
+    def forward(self, x):
+        import random
+
+        y = torch.nn.functional.linear(x, _RacyGrad.apply(self.lin.weight), self.lin.bias)
+        return y * (1 + random.random()) if self.outputs_too else y
+
+
+def test_a_model_whose_own_gradients_do_not_reproduce_is_checked_by_shape_there():
+    """A parameter gradient that differs between two steps of the model itself cannot be value-checked:
+    compared by shape, with a warning; outputs that differ stay an error (a trace bakes in random
+    numbers drawn outside torch)."""
+    from remat.trace import trace
+
+    x = torch.randn(4, 8)
+    with pytest.warns(remat.RematWarning, match="different values for parameter 'lin.weight'"):
+        trace(Racy(), (x,))
+    with pytest.raises(remat.TraceError, match="output 0"):
+        trace(Racy(outputs_too=True), (x,))
