@@ -270,21 +270,24 @@ def margins(recs: list[dict]) -> str:
     return "\n".join(f"- {x}" for x in lines)
 
 
+def _eager_above(r: dict) -> float:
+    """How far the eager step peaks above the traced one, in percent."""
+    return 100 * (r["measured_eager"] / r["measured"] - 1)
+
+
 def eager_table(ok: list[dict]) -> str:
     """Where the model run eagerly peaks above its traced step (Python locals held to a function's
     return): not a prediction error of plans, which run the trace, but what remat.profile of the
     model can miss."""
     above = sorted((r for r in ok if r.get("measured_eager") is not None and r["measured_eager"] > r["measured"]),
-                   key=lambda r: r["measured"] / r["measured_eager"])
+                   key=_eager_above, reverse=True)
     head = (f"{len(above)} of {len(ok)} configurations peak higher run eagerly than traced"
-            + (f"; the largest: +{100 * (above[0]['measured_eager'] / above[0]['measured'] - 1):.2f}% "
-               f"(seed {above[0]['seed']})." if above else "."))
+            + (f"; the largest: +{_eager_above(above[0]):.2f}% (seed {above[0]['seed']})." if above else "."))
     if not above:
         return head
     return head + "\n\n" + md_table(["seed", "family", "traced", "eager", "eager above", "configuration"],
                                      [[r["seed"], r["family"], r["measured"], r["measured_eager"],
-                                       f"+{100 * (r['measured_eager'] / r['measured'] - 1):.2f}%", r["desc"]]
-                                      for r in above[:10]])
+                                       f"+{_eager_above(r):.2f}%", r["desc"]] for r in above[:10]])
 
 
 def report(recs: list[dict], args: argparse.Namespace, seconds: float) -> list[str]:

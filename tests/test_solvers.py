@@ -11,7 +11,7 @@ from remat.solvers.base import SAVE_COMPUTE, Plan, Region
 from remat.solvers.chen import greedy_regions
 from remat.solvers.model import ChainModel, evaluate
 from remat.solvers.rotor import rotor_regions, solve_rotor, solve_table
-from remat.zoo import ResidualMLP, build
+from remat.zoo import ResidualMLP
 
 from remat.testing import assert_same_step
 
