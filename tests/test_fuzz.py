@@ -21,8 +21,10 @@ def check(seed: int, n: int, fraction: float, solver: str) -> str:
         outcome = "fits"
     except remat.InfeasibleBudget as e:
         assert e.min_bytes is not None and e.min_bytes > 0
+        assert e.bound_bytes is not None and e.bound_bytes <= e.min_bytes  # no plan goes below the bound
         gm = assert_same_step(model, lambda m: remat.checkpoint(m, (x,), budget=e.min_bytes, solver=solver), (x,))
         assert gm.remat_plan.budget_bytes == e.min_bytes
+        assert remat.measure_peak(gm, (x,)) >= e.bound_bytes
         outcome = "fits at the floor"
     assert remat.measure_peak(gm, (x,)) <= gm.remat_plan.budget_bytes
     return outcome
@@ -54,4 +56,4 @@ def test_the_reported_floor_is_a_budget_that_fits(seed, solver):
         remat.checkpoint(model, (x,), budget=0.05, solver=solver)
     floor = info.value.min_bytes
     gm = assert_same_step(model, lambda m: remat.checkpoint(m, (x,), budget=floor, solver=solver), (x,))
-    assert remat.measure_peak(gm, (x,)) <= floor
+    assert info.value.bound_bytes <= remat.measure_peak(gm, (x,)) <= floor

@@ -17,12 +17,16 @@ class TraceError(RematError):
 
 
 class InfeasibleBudget(RematError):
-    """No checkpointing schedule fits the budget; ``min_bytes`` is the smallest budget that does."""
+    """No checkpointing schedule fits the budget; ``min_bytes`` is the smallest budget that does;
+    ``bound_bytes`` the least peak any checkpointing of the model's code can reach (below it, no
+    plan of any tool fits: another remedy is needed)."""
 
-    def __init__(self, message: str, min_bytes: int | None = None, min_fraction: float | None = None) -> None:
+    def __init__(self, message: str, min_bytes: int | None = None, min_fraction: float | None = None,
+                 bound_bytes: int | None = None) -> None:
         super().__init__(message)
         self.min_bytes = min_bytes
         self.min_fraction = min_fraction
+        self.bound_bytes = bound_bytes
 
 
 class ShapeError(RematError, ValueError):

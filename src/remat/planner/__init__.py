@@ -97,7 +97,8 @@ def _result(problem: Problem, solver: Solver, found: Candidate, budget_bytes: in
                          if sh is not None},
               **({"user_checkpoints": _count(problem.user_regions),
                   "user_checkpoints_kept": found.module is problem.baseline} if problem.user_regions else {}),
-              **({"world_size": problem.shard.world_size, "sharding": "fsdp"} if problem.shard else {})},
+              **({"world_size": problem.shard.world_size, "sharding": "fsdp"} if problem.shard else {}),
+              **({"bound_bytes": problem.bound.bytes, "bound_reason": problem.bound.reason} if problem.bound else {})},
     )
     found.module.remat_plan = plan
     return found.module, plan

@@ -20,6 +20,7 @@ from ..fake import target_device
 from ..margin import Margin, margin_for
 from ..profiler.calibrate import calibration_for
 from ..profiler.dispatch import ScratchSource, Target
+from ..profiler.bound import Bound
 from ..profiler.model import ModelProfile, profile_graph
 from ..profiler.step import simulate_step
 from ..profiler.timing import machine
@@ -86,6 +87,12 @@ class Problem:
         """Resident bytes plus every parameter gradient: the floor no schedule goes below."""
         grads = self.profile.grad_bytes
         return self.resident + (self.shard.grad_bytes(grads) if self.shard is not None else grads)
+
+    @property
+    def bound(self) -> Bound | None:
+        """The least peak any checkpointing of the step can reach (profiler/bound.py); None when
+        sharded, where per-process terms are not those of the profile's step."""
+        return None if self.shard is not None else self.profile.bound
 
     @property
     def unconstrained(self) -> int:

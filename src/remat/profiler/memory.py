@@ -91,6 +91,11 @@ class StorageTracker:
             return self._resident[key]
         return self._uid.get(key)
 
+    def live_bytes(self, t: torch.Tensor | int) -> int:
+        """Bytes the allocator holds now for ``t``'s storage (or the storage of that key), a
+        kernel's larger output included; 0 for resident, freed or untracked storages."""
+        return self._live.get(t if isinstance(t, int) else storage_key(t), 0)
+
     def allocate(self, storages: Iterable[torch.UntypedStorage]) -> int:
         """Register new storages; returns the bytes newly allocated."""
         added = 0

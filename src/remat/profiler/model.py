@@ -12,6 +12,7 @@ from torch import fx
 
 from ..step import loss_of
 from ..units import fmt_bytes, fmt_flops
+from .bound import Bound, OpBound, checkpointing_bound
 from .dispatch import ScratchSource, Simulation, Target
 from .flops import BWD, FWD, LOSS
 from .memory import storage_bytes
@@ -40,6 +41,8 @@ class ModelProfile:
     inlined_peak_bytes: int = 0  # the peak with the model's own checkpoint calls run inline
     workspace_bytes: int = 0  # library workspaces resident on the device (CUDA: cuBLAS's; rules/cuda.py)
     device: str = "cpu"  # the device the step was predicted for
+    op_bound_bytes: int = 0  # the most one op reads, writes and allocates at once, above resident (bound.py)
+    op_bound_op: str = ""  # that op, and its phase
 
     def __post_init__(self) -> None:
         self.inlined_peak_bytes = self.inlined_peak_bytes or self.peak_bytes
@@ -47,6 +50,12 @@ class ModelProfile:
     @property
     def resident_bytes(self) -> int:
         return self.param_bytes + self.buffer_bytes + self.input_bytes + self.workspace_bytes
+
+    @property
+    def bound(self) -> Bound:
+        """The least peak any checkpointing of this step can reach (bound.py)."""
+        return checkpointing_bound(self.resident_bytes, self.resident_bytes + self.grad_bytes,
+                                   self.op_bound_bytes, self.op_bound_op)
 
     def table(self, top: int | None = None) -> str:
         """Per-node table (the ``top`` nodes by saved + output bytes, or all) and totals."""
@@ -63,7 +72,8 @@ class ModelProfile:
         lines += ["", f"forward FLOPs  {fmt_flops(self.fwd_flops):>12}    backward FLOPs {fmt_flops(self.bwd_flops):>12}",
                   f"parameters     {fmt_bytes(self.param_bytes):>12}    buffers        {fmt_bytes(self.buffer_bytes):>12}",
                   f"inputs         {fmt_bytes(self.input_bytes):>12}    gradients      {fmt_bytes(self.grad_bytes):>12}",
-                  f"saved for bwd  {fmt_bytes(self.saved_bytes):>12}    predicted peak {fmt_bytes(self.peak_bytes):>12}"]
+                  f"saved for bwd  {fmt_bytes(self.saved_bytes):>12}    predicted peak {fmt_bytes(self.peak_bytes):>12}",
+                  f"no checkpointing of this code goes below {fmt_bytes(self.bound.bytes)} ({self.bound.reason})"]
         if self.workspace_bytes:
             lines.append(f"workspaces     {fmt_bytes(self.workspace_bytes):>12}    (resident on {self.device}: "
                          "cuBLAS's, kept by torch after the first matmul)")
@@ -81,7 +91,13 @@ def profile_graph(gm: fx.GraphModule, args: tuple, kwargs: dict | None = None,
     fake_buffers = [sim.state[k] for k in buffers]
     state_uids = {sim.tracker.uid(t) for t in [*fake_params, *fake_buffers]}
     profiler = NodeProfiler(gm, sim.tracker, state_uids, machine(sim.target.device.type, sim.target.threads))
-    with sim.running(observer=profiler.observe):
+    ops = OpBound(sim.tracker)
+
+    def observe(*a: Any, **k: Any) -> None:
+        profiler.observe(*a, **k)
+        ops.observe(*a, **k)
+
+    with sim.running(observer=observe):
         out = profiler.run(*sim.args) if not sim.kwargs else _run_kwargs(profiler, gm, sim.args, sim.kwargs)
         profiler.env.clear()  # the Interpreter keeps the output node's value; the real step does not
         profiler.flops.phase = LOSS
@@ -89,8 +105,10 @@ def profile_graph(gm: fx.GraphModule, args: tuple, kwargs: dict | None = None,
         del out
         profiler.flops.phase = BWD
         if loss is not None:
+            ops.backward(loss)
             backward(loss)
         del loss
+        ops.finish()
         profiler.finish()
     grads = [t.grad for t in fake_params if t.grad is not None]
     nodes = [n.meta[META_KEY] for n in gm.graph.nodes]
@@ -109,6 +127,8 @@ def profile_graph(gm: fx.GraphModule, args: tuple, kwargs: dict | None = None,
         profile_seconds=time.perf_counter() - start,
         workspace_bytes=sim.target.workspace,
         device=sim.target.device.type,
+        op_bound_bytes=ops.most,
+        op_bound_op=ops.op,
     )
 
 

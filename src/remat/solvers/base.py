@@ -95,6 +95,9 @@ class Plan:
             lines.append(f"unconstrained   {fmt_bytes(unconstrained):>12}   (the step's peak as the model runs it)")
         if self.budget_bytes is not None:
             lines.append(f"budget          {fmt_bytes(self.budget_bytes):>12}")
+        if self.info.get("bound_bytes"):
+            lines.append(f"bound           {fmt_bytes(self.info['bound_bytes']):>12}   (no checkpointing of this model's "
+                         f"code goes below: {self.info.get('bound_reason', '')})")
         lines.append(f"predicted peak  {fmt_bytes(self.predicted_peak_bytes):>12}"
                      + (f"   ({'fits' if self.predicted_peak_bytes <= self.budget_bytes else 'OVER'})"
                         if self.budget_bytes is not None else ""))
