@@ -44,8 +44,12 @@ class Margin:
 # the indices are not all equal, which calibration's zero indices are), the 99th percentile of
 # relative under-prediction 0.000 %.  The run before the fixes of that day (max-mode EmbeddingBag
 # scratch, scratch measured at both thread counts, lifted constants) had 74,556 B and 0.198 %.
-# Over-prediction at the planned thread count: median 0, a few small reductions and pools up to
-# +115 % of a few KiB, within 1 % on a whole model (tests/test_profile.py's models).
+# Over-prediction at the planned thread count: median 0; reductions up to +115 % (10.8 MB on
+# prod(dim) of 720K floats), a bf16 max_pool1d +100 %, a permuted bf16 matmul +82 %.  The first two
+# are torch's composite-compliance branches: under any dispatch mode (fake tensors) prod_backward,
+# value_selecting_reduction_backward (max/min/median/kthvalue/mode along a dim) and max_pool1d take
+# their subclass-safe path (out-of-place scatter, indices kept), which eager CPU tensors skip.
+# Within 1 % on every whole model tried (benchmarks/results/memory.md, zoo.md).
 MEASURED = Margin(under_bytes=8, under_share=0.0, over_share=0.01,
                   source="benchmarks/results/opfuzz.md and opfuzz_threads2.md: worst under-prediction 8 B, "
                          "p99 0.000 % (2000 op configurations at 1 and at 2 threads, scratch measured)")
