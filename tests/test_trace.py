@@ -344,3 +344,14 @@ def test_a_model_whose_own_gradients_do_not_reproduce_is_checked_by_shape_there(
         trace(Racy(), (x,))
     with pytest.raises(remat.TraceError, match="output 0"):
         trace(Racy(outputs_too=True), (x,))
+
+
+@pytest.mark.parametrize("layer", [lambda: nn.Embedding(50, 8, sparse=True),
+                                   lambda: nn.EmbeddingBag(50, 8, mode="sum", sparse=True)])
+def test_sparse_gradients_are_a_clear_error(layer):
+    """Sparse gradients have no storage to follow: a RematError that names the parameter and the fix,
+    not a NotImplementedError from deep inside the profiler."""
+    model = nn.Sequential(layer(), nn.Linear(8, 2))
+    x = torch.randint(0, 50, (4, 6))
+    with pytest.raises(remat.RematError, match=r"'0.weight' gets a sparse gradient.*sparse=False"):
+        remat.profile(model, (x,))

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ..errors import RematWarning
+from ..errors import RematError, RematWarning
 from ..fake import FakeSession
 from ..step import floating_outputs, loss_of, reparametrized
 from .capture import capturing_checkpoints
@@ -170,6 +170,11 @@ def check_trace(model: torch.nn.Module, traced: torch.nn.Module, args: tuple, kw
             if i + 1 < len(tries):
                 continue
             raise
+        sparse = sorted(n for n, g in ref.grads.items() if g is not None and g.layout != torch.strided)
+        if sparse:
+            raise RematError(f"parameter {sparse[0]!r} gets a sparse gradient (nn.Embedding or nn.EmbeddingBag "
+                             "with sparse=True): remat profiles dense training steps only; with sparse=False "
+                             "the step computes the same values with dense gradients")
         try:
             got = _run(traced, a, k, names, 0, fake)
         except Exception as e:  # noqa: BLE001
