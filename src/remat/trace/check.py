@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
+from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -116,39 +117,37 @@ def _compare(a: torch.Tensor, b: torch.Tensor, values: bool) -> str | None:
     return None
 
 
+def _pairs(ref: _Step, got: _Step) -> Iterator[tuple[str, str, torch.Tensor | None, torch.Tensor | None]]:
+    """(label, prefix of its message, the model's tensor, the other step's) for every output,
+    parameter gradient and buffer, in the order they are reported."""
+    for i, (a, b) in enumerate(zip(ref.outputs, got.outputs)):
+        yield f"output {i}", "", a, b
+    for name, a in ref.grads.items():
+        yield f"parameter {name!r}", "gradient ", a, got.grads.get(name)
+    for name, a in ref.buffers.items():
+        yield f"buffer {name!r}", "after the step ", a, got.buffers.get(name)
+
+
 def _differences(ref: _Step, got: _Step, values: bool, by_shape: frozenset[str] = frozenset()) -> Mismatch | None:
     """The first difference; the tensors named in ``by_shape`` are compared by shape and dtype only."""
     if len(ref.outputs) != len(got.outputs):
         return Mismatch("outputs", f"{len(got.outputs)} floating-point outputs where the model gives {len(ref.outputs)}")
-    for i, (a, b) in enumerate(zip(ref.outputs, got.outputs)):
-        why = _compare(a, b, values and f"output {i}" not in by_shape)
-        if why:
-            return Mismatch(f"output {i}", why)
-    for name, a in ref.grads.items():
-        b = got.grads.get(name)
-        what = f"parameter {name!r}"
-        if (a is None) != (b is None):
+    for what, prefix, a, b in _pairs(ref, got):
+        if what.startswith("parameter") and (a is None) != (b is None):
             return Mismatch(what, "gets a gradient where the model gives none" if a is None
                             else "gets no gradient where the model gives one")
+        if b is None and a is not None:
+            return Mismatch(what, prefix + "is missing")
         why = None if a is None else _compare(a, b, values and what not in by_shape)
         if why:
-            return Mismatch(what, "gradient " + why)
-    for name, a in ref.buffers.items():
-        b = got.buffers.get(name)
-        what = f"buffer {name!r}"
-        why = "is missing" if b is None else _compare(a, b, values and what not in by_shape)
-        if why:
-            return Mismatch(what, "after the step " + why)
+            return Mismatch(what, prefix + why)
     return None
 
 
 def _unreproducible(ref: _Step, again: _Step) -> frozenset[str]:
     """The tensors two steps of the model itself do not reproduce (within the check's tolerance)."""
-    out = {f"output {i}" for i, (a, b) in enumerate(zip(ref.outputs, again.outputs)) if _compare(a, b, True)}
-    out |= {f"parameter {n!r}" for n, a in ref.grads.items()
-            if a is not None and again.grads.get(n) is not None and _compare(a, again.grads[n], True)}
-    out |= {f"buffer {n!r}" for n, a in ref.buffers.items() if n in again.buffers and _compare(a, again.buffers[n], True)}
-    return frozenset(out)
+    return frozenset(what for what, _, a, b in _pairs(ref, again)
+                     if a is not None and b is not None and _compare(a, b, True))
 
 
 def check_trace(model: torch.nn.Module, traced: torch.nn.Module, args: tuple, kwargs: dict) -> Mismatch | None:
