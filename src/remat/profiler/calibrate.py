@@ -257,13 +257,14 @@ class Calibration:
                            for t in sorted(set(self.also_threads)) if t != self.target.threads)
 
     def _value(self, cache: ScratchCache, threads: int, func: OpOverload, args: tuple, kwargs: dict,
-               out: Any) -> list[Any] | None:
+               out: Any, count: bool = True) -> list[Any] | None:
         """The cached or newly measured [scratch, held, strides, seconds] at ``threads``; None when
-        the op cannot run in isolation or its tensors are too large to run here."""
+        the op cannot run in isolation or its tensors are too large to run here.  ``count``: an op
+        call's first lookup (the others, at other thread counts, are not calls of their own)."""
         key = signature(func, args, kwargs)
         known, value = cache.get(key)
         if known:
-            self.reused += 1
+            self.reused += count
             return value
         size = sum(t.untyped_storage().nbytes() for t in _tensors((args, kwargs, out)))
         if size > self.limit_bytes:
@@ -285,7 +286,7 @@ class Calibration:
             return self._estimate(func, args, kwargs, out, rules, ctx)
         scratch, held, strides, seconds = value
         for threads, cache in self._also:
-            other = self._value(cache, threads, func, args, kwargs, out)
+            other = self._value(cache, threads, func, args, kwargs, out, count=False)
             scratch = max(scratch, other[0] if other else 0)
         if any(r.value_bound is not None and r.scratch is not None and r.value_bound(args, kwargs) for r in rules):
             # measured on zero indices, which cannot show scratch that depends on index values
