@@ -2,7 +2,8 @@
 inputs on meta or another device get) the predicted step peak is at least the measured one.
 
 One representative per kernel family whose rules once under-predicted (benchmarks/opfuzz.py
---scratch rules): each configuration here was under-predicted by 30-90 % before its rule existed.
+--scratch rules, benchmarks/rules_gap.py): each configuration here was under-predicted by 30-90 %
+before its rule existed.
 """
 from __future__ import annotations
 
@@ -44,7 +45,22 @@ def _cases() -> dict[str, tuple[nn.Module, torch.Tensor]]:
         "group_norm_permuted": (nn.GroupNorm(472, 472, affine=False), torch.randn(385, 472, 2).permute(2, 1, 0)),
         # max mode gathers the maxima's indices and gradient rows of every non-empty bag
         "embedding_bag_max": (nn.EmbeddingBag(50, 300, mode="max"), torch.randint(0, 50, (200, 2))),
+        # a frozen weight with a bias: the bias gradient runs the weight gradient's primitive
+        "conv_bias_only_grad": (_frozen(nn.Conv2d(3, 158, 7, stride=2, padding=(30, 12), dilation=10)),
+                                torch.randn(3, 3, 52, 38)),
+        # a transposed convolution on few channels: operands in the blocked layout (padded to 16)
+        "conv_transpose_few_channels": (nn.ConvTranspose2d(1, 1, 3, padding=(0, 1)),
+                                        torch.randn(6, 1, 61, 64).contiguous(memory_format=torch.channels_last)
+                                        .requires_grad_()),
+        # a grouped convolution on few channels: the source reordered to the blocked layout anyway
+        "conv_grouped_few_channels": (nn.Conv2d(2, 2, 7, stride=3, padding=(2, 3), groups=2, bias=False),
+                                      torch.randn(6, 2, 27, 51)),
     }
+
+
+def _frozen(module: nn.Module) -> nn.Module:
+    module.weight.requires_grad_(False)
+    return module
 
 
 # The bf16 conv3d bound assumes oneDNN's reference/gemm kernels computing in fp32 (rules/cpu_conv.py:
@@ -123,3 +139,42 @@ def test_batch_norm_outputs_are_laid_out_as_the_cpu_kernels_lay_them_out(shape: 
                 got_bwd = laid_out(aten.native_batch_norm_backward.default, bargs, bwd)
             assert got_fwd == real_fwd[0].stride(), (name, "forward")
             assert got_bwd == real_bwd[0].stride(), (name, gname, "backward")
+
+
+class _Recorder:
+    """Measured kernel memory per op, with the rules' answer for the same call beside it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, int]] = []
+
+    def calibration_for(self, target, tensors, enabled=None):
+        from remat.profiler.calibrate import Calibration, calibration_for
+        from remat.profiler.dispatch import RuleScratch
+
+        calls = self.calls
+        base = calibration_for(target, tensors, True)
+
+        class Compare(Calibration):
+            def kernel(self, func, args, kwargs, out, rules, ctx):
+                got = super().kernel(func, args, kwargs, out, rules, ctx)
+                calls.append((str(func), got.scratch + got.extra_out,
+                              RuleScratch().kernel(func, args, kwargs, out, rules, ctx).scratch))
+                return got
+
+        return Compare(base.target, base.limit_bytes)
+
+
+@pytest.mark.parametrize("name", ["conv_bias_only_grad", "conv_transpose_few_channels", "conv_grouped_few_channels"])
+def test_each_convolution_rule_bounds_its_measured_kernel(name: str, monkeypatch) -> None:
+    """Op by op (the step peak can hide a kernel, as the bias-only backward's 1 MB under a larger
+    forward): every convolution call's rule scratch is at least what the kernel measured here."""
+    import remat.planner.problem as problem
+
+    recorder = _Recorder()
+    monkeypatch.setattr(problem, "calibration_for", recorder.calibration_for)
+    module, x = _cases()[name]
+    remat.profile(Summed(module).train(), (x,))
+    convs = [c for c in recorder.calls if "convolution" in c[0]]
+    assert convs
+    for op, measured, rule in convs:
+        assert rule >= measured, f"{name}: {op} measured {measured} B, the rule says {rule} B"
