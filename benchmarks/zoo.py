@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -42,7 +43,11 @@ def run_one(spec: str, batch: int, budget: float) -> dict:
         try:
             gm = remat.checkpoint(twin, work.inputs, budget=budget, shared_inputs=work.shared_inputs)
         except InfeasibleBudget as e:
-            row.update(reason=f"InfeasibleBudget: {str(e)[:200]}", min_fraction=e.min_fraction)
+            asked = int(re.search(r"budget of (\d+) bytes", str(e)).group(1))
+            row.update(budget=asked, min_bytes=e.min_bytes, bound=e.bound_bytes, min_fraction=e.min_fraction,
+                       reason=f"InfeasibleBudget: remat's floor {e.min_bytes / 2**20:.1f} MiB (a fraction of "
+                              f"{e.min_fraction:.3f}); no checkpointing goes below {(e.bound_bytes or 0) / 2**20:.1f} MiB"
+                              + (" (the budget is under it)" if e.bound_bytes and asked < e.bound_bytes else ""))
             return row
         plan = gm.remat_plan
         row.update(frontend=plan.info["frontend"], stages=len(plan.stages), regions=len(plan.regions),
@@ -143,6 +148,8 @@ def main(argv=None) -> int:
         rows = [fresh.pop(r["model"], r) for r in previous] + list(fresh.values())
     log.write_text("".join(json.dumps(r) + "\n" for r in rows))
     passed = sum(r["ok"] for r in rows)
+    infeasible = [r for r in rows if "InfeasibleBudget" in r.get("reason", "")]
+    under_bound = sum(1 for r in infeasible if r.get("bound") and r.get("budget", 0) < r["bound"])
     header = ["model", "batch", "frontend", "stages", "budget MiB", "predicted MiB", "measured MiB", "error", "fits",
               "same grads", "recompute", "s", "result"]
     write_result("zoo.md", "Model coverage: plan at budget 0.5, train one step, compare",
@@ -150,7 +157,9 @@ def main(argv=None) -> int:
                   f"cannot reach the budget at that batch (the peak is set by parameters and their gradients or by "
                   f"one op's backward), batch {args.big_batch}. {passed}/{len(rows)} pass (same outputs, gradients "
                   "and buffers as the original model within 1e-5/1e-4, and measured peak <= budget). An "
-                  "InfeasibleBudget row states the smallest fraction reachable at that batch.",
+                  "InfeasibleBudget row states remat's floor at that batch and the bound no checkpointing of the "
+                  f"model's code goes below (src/remat/profiler/bound.py); {under_bound} of the "
+                  f"{len(infeasible)} budgets are under that bound: no checkpointing plan fits them.",
                   md_table(header, [fmt(r) for r in rows])])
     return 0 if passed == len(rows) else 1
 
