@@ -53,4 +53,5 @@ def fixed_plan_too_big(problem: Problem, budget_bytes: int, solver: str, peak: i
     return InfeasibleBudget(
         f"the {solver} plan does not fit a budget of {budget_bytes} bytes ({fmt_bytes(budget_bytes)}): its "
         f"predicted peak is {fmt_bytes(peak or 0)}, so it needs {need} bytes (a fraction of {fraction:.3f}); "
-        f"solver='rotor' finds the least recomputation under a budget", need, fraction, _bound(problem, budget_bytes)[1])
+        f"solver='rotor' finds the least recomputation under a budget", need, fraction,
+        problem.bound.bytes if problem.bound else None)

@@ -21,10 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_leaves
 
 from ..units import fmt_bytes
-from .memory import StorageTracker
+from .memory import StorageTracker, tensors_in
 
 __all__ = ["Bound", "OpBound", "checkpointing_bound"]
 
@@ -64,7 +63,7 @@ class OpBound:
         if not as_is:  # a composite: its parts are observed one by one
             return
         made = _storage_keys(out)
-        keys = _storage_keys(args) | _storage_keys(kwargs.values()) | made | _storage_keys(self.held)
+        keys = _storage_keys((args, tuple(kwargs.values()), self.held)) | made
         if self.phase == "backward":
             node = torch._C._current_autograd_node()
             if node is not self._node:
@@ -84,20 +83,8 @@ def _key(t: torch.Tensor) -> int | None:
 
 
 def _storage_keys(values: Any) -> set[int]:
-    """Storage keys of the tensors in an op's arguments or outputs (aten ops nest one level: a
-    list of tensors at most; anything deeper goes through pytree)."""
-    if isinstance(values, torch.Tensor):
-        flat = [values]
-    elif isinstance(values, (tuple, list, type({}.values()))):
-        flat = []
-        for v in values:
-            if isinstance(v, torch.Tensor):
-                flat.append(v)
-            elif isinstance(v, (tuple, list, dict)):
-                flat += [t for t in tree_leaves(v) if isinstance(t, torch.Tensor)]
-    else:
-        return set()
-    return {k for k in map(_key, flat) if k is not None}
+    """Storage keys of the tensors in an op's arguments or outputs."""
+    return {k for k in map(_key, tensors_in(values)) if k is not None}
 
 
 def checkpointing_bound(resident: int, fixed: int, op_bytes: int, op: str) -> Bound:

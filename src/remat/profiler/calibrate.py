@@ -39,6 +39,7 @@ from torch._ops import OpOverload
 
 from ..instrument import cpu_window
 from .dispatch import KernelMemory, RuleScratch, Target
+from .memory import tensors_in
 from .rules import MemoryRule, RuleContext
 from .timing import best_of
 
@@ -192,18 +193,10 @@ def _realize(x: Any, memo: dict[int, torch.Tensor]) -> Any:
     return x
 
 
-def _tensors(x: Any) -> Iterable[torch.Tensor]:
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, (list, tuple)):
-        for y in x:
-            yield from _tensors(y)
-
-
 def _new_bytes(args: tuple, kwargs: dict, out: Any) -> int:
     """Bytes of the output storages that are not input storages (what the fake kernel allocated)."""
-    inputs = {id(t.untyped_storage()) for t in _tensors((args, kwargs))}
-    new = {id(st): st.nbytes() for st in (t.untyped_storage() for t in _tensors(out)) if id(st) not in inputs}
+    inputs = {id(t.untyped_storage()) for t in tensors_in((args, kwargs))}
+    new = {id(st): st.nbytes() for st in (t.untyped_storage() for t in tensors_in(out)) if id(st) not in inputs}
     return sum(new.values())
 
 
@@ -266,7 +259,7 @@ class Calibration:
         if known:
             self.reused += count
             return value
-        size = sum(t.untyped_storage().nbytes() for t in _tensors((args, kwargs, out)))
+        size = sum(t.untyped_storage().nbytes() for t in tensors_in((args, kwargs, out)))
         if size > self.limit_bytes:
             return None
         start = time.perf_counter()

@@ -9,7 +9,7 @@ never counted as allocations.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,15 @@ def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
         st = t.untyped_storage()
         seen[id(st)] = st.nbytes()
     return sum(seen.values())
+
+
+def tensors_in(x: Any) -> Iterator[torch.Tensor]:
+    """The tensors of an op's arguments or outputs (tensors, nested in lists and tuples)."""
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            yield from tensors_in(y)
 
 
 def storages_of(out: Any) -> list[torch.UntypedStorage]:

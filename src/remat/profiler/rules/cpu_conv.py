@@ -121,7 +121,7 @@ def gemm_bound(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, transposed: bo
 
 
 def _fp32_blocked(t: torch.Tensor) -> int:
-    return _fp32(t) // max(1, t.shape[1]) * _pad(t.shape[1]) if t.dim() > 2 else _fp32(t)
+    return _blocked(t) // t.element_size() * 4
 
 
 def _per_dim(v: Any, n: int) -> list[int]:
