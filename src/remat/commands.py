@@ -104,8 +104,9 @@ def _below_floor(work: Any, args: argparse.Namespace, budget_bytes: int, floor: 
     where = f"{work.name} at batch {args.batch}"
     if fraction >= 1.0:
         return (f"budget {shown} ({fmt_bytes(budget_bytes)}) is below what checkpointing can reach for {where}: the "
-                f"step's peak ({fmt_bytes(unconstrained)}) comes where little but parameters and gradients is alive, "
-                "so no plan lowers it; run with --budget 1.0 (the step as it is), or a larger batch")
+                f"step's peak ({fmt_bytes(unconstrained)}) comes where nothing a checkpoint drops is alive (among the "
+                "parameters and their gradients, or inside one op or node no checkpoint splits), so no plan lowers "
+                "it; run with --budget 1.0 (the step as it is), or a larger batch")
     head = f"budget {shown} ({fmt_bytes(budget_bytes)}) is below what checkpointing can reach for {where}: "
     if not verified:  # the stage model's floor: no plan lies below it, the verified one may lie a little above
         return (head + f"the smallest feasible budget is at least {fraction:.3f} ({fmt_bytes(floor)}); run with "

@@ -35,9 +35,10 @@ def infeasible(problem: Problem, budget_bytes: int, solver: str, need: int) -> I
     if need >= problem.unconstrained:
         return InfeasibleBudget(
             f"no {solver} schedule fits a budget of {budget_bytes} bytes ({fmt_bytes(budget_bytes)}): checkpointing "
-            f"cannot lower this step's peak of {fmt_bytes(problem.unconstrained)}. It comes where little but "
-            f"parameters and their gradients is alive (fixed: {fmt_bytes(problem.fixed)}), typically at the end "
-            f"of the backward; the smallest feasible budget is {need} bytes, a fraction of 1.0{bound}",
+            f"cannot lower this step's peak of {fmt_bytes(problem.unconstrained)}. It comes where nothing a "
+            f"checkpoint drops is alive: near the end of the backward, among the parameters and their gradients "
+            f"(fixed: {fmt_bytes(problem.fixed)}), or inside one op or graph node no checkpoint splits (a whole "
+            f"nn.LSTM, say); the smallest feasible budget is {need} bytes, a fraction of 1.0{bound}",
             need, 1.0, bound_bytes)
     return InfeasibleBudget(
         f"no {solver} schedule fits a budget of {budget_bytes} bytes ({fmt_bytes(budget_bytes)}); the smallest "
