@@ -52,6 +52,39 @@ def test_without_the_state_guard_batchnorm_statistics_would_update_twice(monkeyp
         assert_same_step(model, lambda m: remat.checkpoint(m, inputs, solver="every-stage"), inputs)
 
 
+class _SpectralNet(torch.nn.Module):
+    """Spectral norm's power iteration writes ``_u``/``_v`` in place (through ``out=``), then builds
+    the weight from them: a recomputation that sees the updated vectors computes another weight.
+    ``shared`` applies one layer twice, so two regions write the same state.  (Not under torch.export:
+    there the second call reads the first's updated vectors as graph values, aliases of the buffers
+    it then writes, and checkpoint's own check of its saved inputs fails, loudly.)"""
+
+    def __init__(self, shared: bool) -> None:
+        super().__init__()
+        sn = torch.nn.utils.parametrizations.spectral_norm
+        self.layers = torch.nn.ModuleList([sn(torch.nn.Linear(32, 32)) for _ in range(2 if shared else 4)])
+        self.order = [0, 1, 0, 1] if shared else [0, 1, 2, 3]
+
+    def forward(self, x):
+        for i in self.order:
+            x = torch.tanh(self.layers[i](x)) + x
+        return x
+
+
+@pytest.mark.parametrize("frontend, shared", [("symbolic_trace", False), ("export", False), ("symbolic_trace", True)])
+def test_state_a_region_writes_and_reads_back_is_recomputed_as_its_forward_saw_it(monkeypatch, frontend, shared):
+    import importlib
+
+    trace = importlib.import_module("remat.trace")  # (remat.trace is the function)
+    if frontend == "export":
+        monkeypatch.setattr(trace, "FRONTENDS", {"export": trace.FRONTENDS["export"]})
+    torch.manual_seed(0)
+    model, x = _SpectralNet(shared), torch.randn(16, 32)
+    gm = assert_same_step(model, lambda m: remat.checkpoint(m, (x,), solver="every-stage"), (x,))
+    assert gm.remat_frontend == frontend
+    assert 'freeze="state"' in gm.code and "_u" in gm.code
+
+
 def _chain(model, inputs, shared=()):
     gm = remat.trace(model, inputs)
     profile_graph(gm, inputs)

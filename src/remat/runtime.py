@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .errors import RematWarning, ShapeError
 from .profiler.registry import lookup
-from .profiler.rules import hidden_writes
+from .profiler.rules import written_arguments
 
 __all__ = ["context", "freeze_state", "check_inputs", "InputContract", "RematModule", "restore", "attach_forward"]
 
@@ -43,13 +43,14 @@ class _FrozenStateMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        written = [i for i in hidden_writes(func) if i < len(args) and self._is_state(args[i])]
+        written = {key for key, value in written_arguments(func, args, kwargs) if self._is_state(value)}
         if not written:
             return func(*args, **kwargs)
-        if written == [0]:
+        if written == {0}:
             return args[0]  # e.g. num_batches_tracked.add_(1): already applied in the first forward
         # e.g. BatchNorm's running statistics: let it write into copies
-        return func(*(a.clone() if i in written else a for i, a in enumerate(args)), **kwargs)
+        return func(*(a.clone() if i in written else a for i, a in enumerate(args)),
+                    **{k: v.clone() if k in written else v for k, v in kwargs.items()})
 
 
 class _FrozenBatchNorms:
@@ -73,6 +74,43 @@ class _FrozenBatchNorms:
                 m.momentum = momentum
                 if count is not None:
                     m.num_batches_tracked.copy_(count)
+
+
+class _RestoredState:
+    """State a region writes and reads back (spectral norm's power iteration: it updates ``_u`` and
+    ``_v`` in place, then computes the weight from them).  Recomputing such a region must start
+    from the state its forward started from, and leave the state as the step left it: the forward
+    keeps a copy of it; the recomputation swaps that copy in and puts the current values back after."""
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        self.tensors = tensors
+        self.before: list[torch.Tensor] = []
+
+    @contextlib.contextmanager
+    def forward(self) -> Any:
+        with torch.no_grad():
+            self.before = [t.clone() for t in self.tensors]
+        yield
+
+    @contextlib.contextmanager
+    def recompute(self) -> Any:
+        with torch.no_grad():
+            now = [t.clone() for t in self.tensors]
+            for t, b in zip(self.tensors, self.before):
+                t.copy_(b)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for t, n in zip(self.tensors, now):
+                    t.copy_(n)
+
+
+def _state_tensor(module: torch.nn.Module, name: str) -> torch.Tensor:
+    try:
+        return module.get_buffer(name)
+    except AttributeError:
+        return module.get_parameter(name)
 
 
 def _save_compute(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
@@ -99,15 +137,18 @@ class _Both:
         return self.stack.__exit__(*exc)
 
 
-def context(module: torch.nn.Module, save: str = "", freeze: str = "") -> dict[str, Any]:
+def context(module: torch.nn.Module, save: str = "", freeze: str = "", state: tuple[str, ...] = ()) -> dict[str, Any]:
     """Keyword arguments for one checkpoint call: a ``context_fn`` for what its region needs.
 
     ``save="compute"``: keep the outputs of matmul/conv/attention ops (torch's selective
     checkpointing) and recompute only the rest.  ``freeze="modules"``: recompute without updating
     the BatchNorm modules' statistics again (symbolic traces); ``freeze="ops"``: the state is
     written by aten ops in the graph (torch.export), frozen by a dispatch mode that runs them on
-    copies.  Under torch.compile there is nothing to freeze (AOTAutograd applies buffer mutations
-    once, in the forward graph) and dynamo accepts only a selective-checkpoint ``context_fn``.
+    copies.  ``freeze="state"`` with the ``state`` names (parameters or buffers of ``module``):
+    any other state the region writes, which it may read back: recomputed from a copy taken in the
+    forward, and put back after.  Under torch.compile there is nothing to freeze (AOTAutograd
+    applies buffer mutations once, in the forward graph) and dynamo accepts only a
+    selective-checkpoint ``context_fn``.
     """
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
@@ -126,8 +167,11 @@ def context(module: torch.nn.Module, save: str = "", freeze: str = "") -> dict[s
         if freeze == "modules":
             recompute = _Both(_FrozenBatchNorms(module), recompute)
         elif freeze == "ops":
-            state = {id(b.untyped_storage()) for b in module.buffers()}
-            recompute = _Both(_FrozenStateMode(state), recompute)
+            storages = {id(b.untyped_storage()) for b in module.buffers()}
+            recompute = _Both(_FrozenStateMode(storages), recompute)
+        elif freeze == "state":
+            restored = _RestoredState([_state_tensor(module, name) for name in state])
+            forward, recompute = _Both(restored.forward(), forward), _Both(restored.recompute(), recompute)
         return forward, recompute
 
     if compiling:

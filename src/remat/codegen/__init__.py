@@ -11,7 +11,8 @@ What a region's checkpoint call passes, beyond ``use_reentrant=False``:
   to stash, no replay.  Regions with dropout keep the default, so recomputation replays the masks.
 * ``**remat.runtime.context(self, save="compute")`` for a region that keeps its matmul, conv and
   attention outputs (torch's selective checkpointing); ``freeze=...`` when the region writes module
-  state: recomputation must not update BatchNorm statistics a second time (runtime.py).
+  state: recomputation must not update BatchNorm statistics a second time, and must see other state
+  (spectral norm's power iteration) as its forward did (runtime.py).
 """
 from __future__ import annotations
 
@@ -61,6 +62,21 @@ def _state_written_by_batchnorm_modules(gm: fx.GraphModule) -> bool:
     return True
 
 
+def _freeze(gm: fx.GraphModule, region: NodeRegion) -> str:
+    """How a region that writes module state is recomputed without writing it twice.
+
+    BatchNorm modules (symbolic traces) only write running statistics, which a training step never
+    reads back: recomputation runs them with momentum 0, at no cost.  Other state may be read
+    after it is written (spectral norm's power iteration updates ``_u``/``_v``, then builds the
+    weight from them), and in a torch.export graph the ops do not say which module they belong to:
+    the region recomputes from a copy of the state it writes, taken in its forward."""
+    if _state_written_by_batchnorm_modules(gm):
+        return 'freeze="modules"'
+    nodes = list(gm.graph.nodes)[region.first:region.last + 1]
+    names = sorted({name for n in nodes for name in getattr(n.meta.get(META_KEY), "state_written", ())})
+    return f'freeze="state", state={tuple(names)!r}' if names else 'freeze="ops"'
+
+
 def region_options(gm: fx.GraphModule, region: NodeRegion) -> str:
     """The checkpoint call's keyword arguments for ``region`` (see the module docstring)."""
     options = "" if _any_node(gm, region, "random") else ", preserve_rng_state=False"
@@ -68,7 +84,7 @@ def region_options(gm: fx.GraphModule, region: NodeRegion) -> str:
     if region.policy == SAVE_COMPUTE:
         needs.append('save="compute"')
     if _any_node(gm, region, "mutates_state"):
-        needs.append('freeze="modules"' if _state_written_by_batchnorm_modules(gm) else 'freeze="ops"')
+        needs.append(_freeze(gm, region))
     if needs:
         options += f", **remat.runtime.context(self, {', '.join(needs)})"
     return options

@@ -89,8 +89,9 @@ def profile_graph(gm: fx.GraphModule, args: tuple, kwargs: dict | None = None,
     buffers = dict(gm.named_buffers(remove_duplicate=False))
     fake_params = [sim.state[k] for k in params]
     fake_buffers = [sim.state[k] for k in buffers]
-    state_uids = {sim.tracker.uid(t) for t in [*fake_params, *fake_buffers]}
-    profiler = NodeProfiler(gm, sim.tracker, state_uids, machine(sim.target.device.type, sim.target.threads))
+    state_names = {sim.tracker.uid(sim.state[k]): k for k in [*buffers, *params]}
+    profiler = NodeProfiler(gm, sim.tracker, set(state_names), machine(sim.target.device.type, sim.target.threads),
+                            state_names)
     ops = OpBound(sim.tracker)
 
     def observe(*a: Any, **k: Any) -> None:

@@ -18,7 +18,7 @@ from .flops import BWD, FWD, LOSS, FlopCounter
 from .dispatch import KernelMemory
 from .memory import StorageTracker
 from .registry import lookup
-from .rules import hidden_writes
+from .rules import written_arguments
 from .timing import Machine, roofline_seconds, tensor_bytes
 from .timing import machine as _machine
 from ..trace.modes import MODES_KEY, entered
@@ -58,6 +58,7 @@ class NodeProfile:
     param_grad: int = 0  # bytes of parameter gradients its backward stores (first use of each parameter)
     fwd_transient: int = 0  # peak temporaries of the forward beyond the outputs
     mutates_state: bool = False  # writes a parameter or buffer in place (BatchNorm statistics)
+    state_written: frozenset[str] = frozenset()  # the names of those parameters and buffers
     tensor_out: bool = False  # the node's value holds a tensor (else: a size, an int, None, ...)
     random: bool = False  # draws random numbers (dropout): recomputing it must replay the RNG state
     shape: tuple[int, ...] | None = None  # a placeholder's tensor shape (the planned input shape)
@@ -103,12 +104,13 @@ class NodeProfiler(fx.Interpreter):
     """Runs one training step of ``gm`` on fake tensors and profiles every node."""
 
     def __init__(self, gm: fx.GraphModule, tracker: StorageTracker, state_uids: set[int],
-                 machine: Machine | None = None) -> None:
+                 machine: Machine | None = None, state_names: dict[int, str] | None = None) -> None:
         super().__init__(gm, garbage_collect_values=True)
         self.machine = machine or _machine("cpu", 1)
         self.tracker = tracker
         self.flops = FlopCounter()
         self.state_uids = state_uids  # parameters and buffers: never activations
+        self.state_names = state_names or {}  # uid -> the parameter's or buffer's name in gm
         self.profiles: dict[str, NodeProfile] = {}
         self.current: NodeProfile | None = None
         self.unattributed = {FWD: 0, LOSS: 0, BWD: 0}
@@ -140,7 +142,7 @@ class NodeProfiler(fx.Interpreter):
         elif self.flops.phase == FWD:
             prof.fwd_flops += flops
             prof.fwd_time += seconds
-            self.record_writes(prof, func, args)
+            self.record_writes(prof, func, args, kwargs)
             found = lookup(func)
             if found.formula is not None and found.formula.mac:
                 prof.keep_time += seconds
@@ -150,16 +152,15 @@ class NodeProfiler(fx.Interpreter):
             prof.bwd_time += seconds
 
     # --- forward -------------------------------------------------------------------------------
-    def record_writes(self, prof: NodeProfile, func: Any, args: tuple) -> None:
+    def record_writes(self, prof: NodeProfile, func: Any, args: tuple, kwargs: dict) -> None:
         """Note in-place writes to module state and to storages of earlier nodes."""
-        indices = hidden_writes(func)
-        if not indices:
-            return
-        for i in indices:
-            if i < len(args) and isinstance(args[i], torch.Tensor):
-                uid = self.tracker.uid(args[i])
+        for _, value in written_arguments(func, args, kwargs):
+            if isinstance(value, torch.Tensor):
+                uid = self.tracker.uid(value)
                 if uid in self.state_uids:
                     prof.mutates_state = True
+                    if uid in self.state_names:
+                        prof.state_written = prof.state_written | {self.state_names[uid]}
                 elif uid is not None and uid >= 0:
                     producer = self.tracker.producer.get(uid)
                     if producer is not None and producer != prof.name:

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 
-__all__ = ["RuleContext", "MemoryRule", "RULES", "rule", "rules_for", "scratch_rule", "hidden_writes", "nbytes",
+__all__ = ["RuleContext", "MemoryRule", "RULES", "rule", "rules_for", "scratch_rule", "hidden_writes", "written_arguments", "nbytes",
            "granularity", "round_up", "workspace_bytes"]
 
 
@@ -115,6 +115,19 @@ def hidden_writes(op: OpOverload) -> tuple[int, ...]:
     for r in rules_for(op, "*"):
         written.extend(r.writes)
     return tuple(sorted(set(written)))
+
+
+def written_arguments(op: OpOverload, args: tuple, kwargs: dict) -> list[tuple[int | str, Any]]:
+    """The values a call of ``op`` writes: (position, value) for positional arguments, (name,
+    value) for keyword ones (``out=``: F.normalize(..., out=buf) writes ``buf`` through a kwarg)."""
+    schema = op._schema.arguments
+    written: list[tuple[int | str, Any]] = []
+    for i in hidden_writes(op):
+        if i < len(args):
+            written.append((i, args[i]))
+        elif i < len(schema) and schema[i].name in kwargs:
+            written.append((schema[i].name, kwargs[schema[i].name]))
+    return written
 
 
 @functools.lru_cache(maxsize=None)
