@@ -355,3 +355,31 @@ def test_sparse_gradients_are_a_clear_error(layer):
     x = torch.randint(0, 50, (4, 6))
     with pytest.raises(remat.RematError, match=r"'0.weight' gets a sparse gradient.*sparse=False"):
         remat.profile(model, (x,))
+
+
+class KeyQueue(nn.Module):
+    """MoCo-style: each step writes its keys into a queue buffer, then scores against the queue.
+    symbolic_trace cannot trace the slice assignment; torch.export pins the batch when it fills
+    the queue (a batch of ``size``)."""
+
+    def __init__(self, dim: int = 16, size: int = 8) -> None:
+        super().__init__()
+        self.enc = nn.Sequential(*[nn.Sequential(nn.Linear(dim, dim), nn.Tanh()) for _ in range(4)])
+        self.register_buffer("queue", torch.randn(dim, size))
+
+    def forward(self, x):
+        q = self.enc(x)
+        with torch.no_grad():
+            self.queue[:, :x.shape[0]] = q.detach().T
+        return (q @ self.queue).logsumexp(1)
+
+
+def test_a_trace_that_pins_the_batch_is_checked_at_the_planned_batch():
+    """The check first runs a cut batch; a trace whose guards reject it is checked at the planned
+    one instead of being reported as computing something else.  Its regions write the queue and
+    read it back: recomputation sees the queue as the forward did."""
+    torch.manual_seed(0)
+    x = torch.randn(8, 16)
+    gm = assert_same_step(KeyQueue(), lambda m: remat.checkpoint(m, (x,), solver="every-stage"), (x,))
+    assert gm.remat_frontend == "export"
+    assert gm.remat_plan.regions and 'freeze="state"' in gm.code
