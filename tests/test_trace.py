@@ -383,3 +383,9 @@ def test_a_trace_that_pins_the_batch_is_checked_at_the_planned_batch():
     gm = assert_same_step(KeyQueue(), lambda m: remat.checkpoint(m, (x,), solver="every-stage"), (x,))
     assert gm.remat_frontend == "export"
     assert gm.remat_plan.regions and 'freeze="state"' in gm.code
+
+
+def test_a_torch_compile_wrapper_is_refused_with_the_way_round():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    with pytest.raises(remat.RematError, match=r"torch.compile\(remat.checkpoint\(model"):
+        remat.checkpoint(torch.compile(model), (torch.randn(2, 4),), budget=0.5)

@@ -9,6 +9,7 @@ difference of each, or where each failed to trace.
 """
 from __future__ import annotations
 
+import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..errors import TraceError
+from ..errors import RematError, TraceError
 from ..fake import module_of
 from .check import Mismatch, check_trace
 from .export import export
@@ -79,12 +80,22 @@ def _constants_as_buffers(gm: fx.GraphModule) -> None:
             state.add(id(value))
 
 
+def _compiled(model: Any) -> bool:
+    """Is ``model`` torch.compile's wrapper?  (Only if dynamo was imported: no import cost otherwise.)"""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    return eval_frame is not None and isinstance(model, eval_frame.OptimizedModule)
+
+
 def trace(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | None = None, *,
           check: bool = True) -> fx.GraphModule:
     """Trace ``model`` into a GraphModule that shares its parameters and keeps their names, and
     (``check=True``) trains like it on ``example_inputs``."""
     if module_of(model) is None:
         raise TypeError(f"remat traces torch.nn.Module instances, got {type(model).__name__}")
+    if _compiled(model):
+        raise RematError("remat plans the model itself, not its torch.compile wrapper: pass the module you "
+                         "compiled (model._orig_mod) and compile what remat returns, "
+                         "torch.compile(remat.checkpoint(model, inputs, budget=...))")
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     kwargs = kwargs or {}
     failures: dict[str, BaseException | Mismatch] = {}
