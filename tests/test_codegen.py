@@ -85,6 +85,45 @@ def test_state_a_region_writes_and_reads_back_is_recomputed_as_its_forward_saw_i
     assert 'freeze="state"' in gm.code and "_u" in gm.code
 
 
+_RANDOM = {  # random draws of every kind a model makes: tensor factories, in-place fills, sampling, activations
+    "randn_like": lambda x: x + 0.1 * torch.randn_like(x),
+    "rand": lambda x: x * (torch.rand(x.shape[0], 1) > 0.3),
+    "bernoulli_": lambda x: x * torch.empty_like(x).bernoulli_(0.7),
+    "normal": lambda x: x + torch.normal(0.0, 0.1, size=x.shape),
+    "uniform_": lambda x: x * torch.empty_like(x).uniform_(0.5, 1.5),
+    "exponential_": lambda x: x * torch.empty_like(x).exponential_(),
+    "randperm": lambda x: x[:, torch.randperm(x.shape[1])],
+    "multinomial": lambda x: x[torch.multinomial(torch.ones(x.shape[0]), x.shape[0], replacement=True)],
+    "rrelu": lambda x: torch.nn.functional.rrelu(x, training=True),
+    "dropout1d": lambda x: torch.nn.functional.dropout1d(x.unsqueeze(0), 0.3, training=True).squeeze(0),
+    "alpha_dropout": lambda x: torch.nn.functional.alpha_dropout(x, 0.3, training=True),
+    "gumbel_softmax": lambda x: torch.nn.functional.gumbel_softmax(x, tau=1.0),
+}
+
+
+class _RandomNet(torch.nn.Module):
+    def __init__(self, ops) -> None:
+        super().__init__()
+        self.ops = list(ops)
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(32, 32) for _ in self.ops])
+
+    def forward(self, x):
+        for layer, op in zip(self.layers, self.ops):
+            x = _RANDOM[op](torch.tanh(layer(x)))
+        return x
+
+
+@pytest.mark.filterwarnings("ignore::remat.RematWarning")  # no FLOP formula for some random ops
+def test_every_kind_of_random_draw_is_replayed_exactly():
+    """Each op's region recomputes the same draws.  rrelu writes its noise into a tensor it does not
+    return, after autograd saved it: torch's checkpoint stopping early there left the noise
+    uninitialized (NaN gradients), so such regions recompute without early stop."""
+    torch.manual_seed(0)
+    model, x = _RandomNet(_RANDOM), torch.randn(16, 32)
+    gm = assert_same_step(model, lambda m: remat.checkpoint(m, (x,), solver="every-stage"), (x,), seed=3)
+    assert "early_stop=False" in gm.code
+
+
 def _chain(model, inputs, shared=()):
     gm = remat.trace(model, inputs)
     profile_graph(gm, inputs)

@@ -43,7 +43,7 @@ class _FrozenStateMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        written = {key for key, value in written_arguments(func, args, kwargs) if self._is_state(value)}
+        written = {key for _, key, value in written_arguments(func, args, kwargs) if self._is_state(value)}
         if not written:
             return func(*args, **kwargs)
         if written == {0}:

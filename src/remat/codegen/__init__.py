@@ -9,6 +9,9 @@ What a region's checkpoint call passes, beyond ``use_reentrant=False``:
 * ``preserve_rng_state=False`` unless the region draws random numbers (an op torch tags
   ``nondeterministic_seeded``, with a nonzero ``dropout_p`` where the op has one): no RNG state
   to stash, no replay.  Regions with dropout keep the default, so recomputation replays the masks.
+* ``early_stop=False`` when an op of the region writes a tensor it does not return (rrelu's noise):
+  torch's checkpoint would stop recomputing where autograd saves that tensor, before the kernel
+  fills it, and the backward would read uninitialized memory (NaN gradients).
 * ``**remat.runtime.context(self, save="compute")`` for a region that keeps its matmul, conv and
   attention outputs (torch's selective checkpointing); ``freeze=...`` when the region writes module
   state: recomputation must not update BatchNorm statistics a second time, and must see other state
@@ -80,6 +83,8 @@ def _freeze(gm: fx.GraphModule, region: NodeRegion) -> str:
 def region_options(gm: fx.GraphModule, region: NodeRegion) -> str:
     """The checkpoint call's keyword arguments for ``region`` (see the module docstring)."""
     options = "" if _any_node(gm, region, "random") else ", preserve_rng_state=False"
+    if _any_node(gm, region, "writes_saved"):
+        options += ", early_stop=False"
     needs = []
     if region.policy == SAVE_COMPUTE:
         needs.append('save="compute"')

@@ -18,7 +18,7 @@ from .flops import BWD, FWD, LOSS, FlopCounter
 from .dispatch import KernelMemory
 from .memory import StorageTracker
 from .registry import lookup
-from .rules import written_arguments
+from .rules import unreturned_writes, written_arguments
 from .timing import Machine, roofline_seconds, tensor_bytes
 from .timing import machine as _machine
 from ..trace.modes import MODES_KEY, entered
@@ -61,6 +61,9 @@ class NodeProfile:
     state_written: frozenset[str] = frozenset()  # the names of those parameters and buffers
     tensor_out: bool = False  # the node's value holds a tensor (else: a size, an int, None, ...)
     random: bool = False  # draws random numbers (dropout): recomputing it must replay the RNG state
+    # an op writes a tensor it does not return (rrelu's noise), which its backward may have saved
+    # before the write: torch's checkpoint must not stop recomputing early at that save
+    writes_saved: bool = False
     shape: tuple[int, ...] | None = None  # a placeholder's tensor shape (the planned input shape)
     fwd_time: float = 0.0  # predicted seconds of its forward ops (timing.py)
     bwd_time: float = 0.0  # predicted seconds of its backward ops
@@ -154,9 +157,11 @@ class NodeProfiler(fx.Interpreter):
     # --- forward -------------------------------------------------------------------------------
     def record_writes(self, prof: NodeProfile, func: Any, args: tuple, kwargs: dict) -> None:
         """Note in-place writes to module state and to storages of earlier nodes."""
-        for _, value in written_arguments(func, args, kwargs):
+        for index, _, value in written_arguments(func, args, kwargs):
             if isinstance(value, torch.Tensor):
                 uid = self.tracker.uid(value)
+                if uid not in self.state_uids and index in unreturned_writes(func):
+                    prof.writes_saved = True
                 if uid in self.state_uids:
                     prof.mutates_state = True
                     if uid in self.state_names:

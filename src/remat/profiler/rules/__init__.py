@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 
-__all__ = ["RuleContext", "MemoryRule", "RULES", "rule", "rules_for", "scratch_rule", "hidden_writes", "written_arguments", "nbytes",
+__all__ = ["RuleContext", "MemoryRule", "RULES", "rule", "rules_for", "scratch_rule", "hidden_writes", "written_arguments", "unreturned_writes", "nbytes",
            "granularity", "round_up", "workspace_bytes"]
 
 
@@ -117,17 +117,29 @@ def hidden_writes(op: OpOverload) -> tuple[int, ...]:
     return tuple(sorted(set(written)))
 
 
-def written_arguments(op: OpOverload, args: tuple, kwargs: dict) -> list[tuple[int | str, Any]]:
-    """The values a call of ``op`` writes: (position, value) for positional arguments, (name,
-    value) for keyword ones (``out=``: F.normalize(..., out=buf) writes ``buf`` through a kwarg)."""
+def written_arguments(op: OpOverload, args: tuple, kwargs: dict) -> list[tuple[int, int | str, Any]]:
+    """The values a call of ``op`` writes: (schema index, key, value), the key a position for
+    positional arguments and a name for keyword ones (``out=``: F.normalize(..., out=buf) writes
+    ``buf`` through a kwarg)."""
     schema = op._schema.arguments
-    written: list[tuple[int | str, Any]] = []
+    written: list[tuple[int, int | str, Any]] = []
     for i in hidden_writes(op):
         if i < len(args):
-            written.append((i, args[i]))
+            written.append((i, i, args[i]))
         elif i < len(schema) and schema[i].name in kwargs:
-            written.append((schema[i].name, kwargs[schema[i].name]))
+            written.append((i, schema[i].name, kwargs[schema[i].name]))
     return written
+
+
+@functools.lru_cache(maxsize=None)
+def unreturned_writes(op: OpOverload) -> frozenset[int]:
+    """Written arguments ``op`` does not return (rrelu's ``noise``; BatchNorm's statistics): its
+    autograd node may save one before the kernel writes it."""
+    returned = {a for r in op._schema.returns if r.alias_info is not None for a in r.alias_info.before_set}
+    schema = op._schema.arguments
+    return frozenset(i for i in hidden_writes(op)
+                     if i >= len(schema) or schema[i].alias_info is None
+                     or not set(schema[i].alias_info.before_set) & returned)
 
 
 @functools.lru_cache(maxsize=None)
