@@ -389,3 +389,31 @@ def test_a_torch_compile_wrapper_is_refused_with_the_way_round():
     model = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
     with pytest.raises(remat.RematError, match=r"torch.compile\(remat.checkpoint\(model"):
         remat.checkpoint(torch.compile(model), (torch.randn(2, 4),), budget=0.5)
+
+
+class _Blocks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16)) for _ in range(4)])
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = x + b(x)
+        return x
+
+
+def test_hooks_on_submodules_run_at_every_step_of_the_checkpointed_module():
+    """A hook that records features (a side effect) ran only while tracing when fx traced through
+    its module; a full backward hook on a traced-through module made the trace fail.  Hooked
+    modules are now calls: both hooks run when the checkpointed module trains."""
+    torch.manual_seed(0)
+    model, x = _Blocks(), torch.randn(8, 16)
+    seen = []
+    model.blocks[1].register_forward_hook(lambda mod, args, out: seen.append(out.shape))
+    model.blocks[2].register_full_backward_hook(lambda mod, gin, gout: (gin[0] * 3,))
+    with pytest.warns(remat.RematWarning, match="blocks.1, blocks.2 have hooks"):
+        gm = assert_same_step(model, lambda m: remat.checkpoint(m, (x,), solver="every-stage"), (x,))
+    assert gm.remat_frontend == "symbolic_trace"
+    seen.clear()
+    train_step(gm, (x,))
+    assert len(seen) >= 1, "the forward hook ran in the checkpointed module's step"

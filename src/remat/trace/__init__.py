@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import sys
 import traceback
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import fx
 
-from ..errors import RematError, TraceError
+from ..errors import RematError, RematWarning, TraceError
 from ..fake import module_of
 from .check import Mismatch, check_trace
 from .export import export
@@ -86,6 +87,18 @@ def _compiled(model: Any) -> bool:
     return eval_frame is not None and isinstance(model, eval_frame.OptimizedModule)
 
 
+def _inlined_hooks(model: torch.nn.Module) -> None:
+    """torch.export traces through module hooks: their tensor ops are in the graph, their Python
+    side effects happened once, while tracing (symbolic_trace keeps hooked modules as calls)."""
+    hooked = [n for n, m in model.named_modules() if n and (m._forward_hooks or m._forward_pre_hooks
+                                                            or m._backward_hooks or m._backward_pre_hooks)]
+    if hooked:
+        warnings.warn(f"remat: torch.export traced through the hooks of {', '.join(hooked[:3])}"
+                      f"{' and others' if len(hooked) > 3 else ''}: what they compute is in the trace, but "
+                      "Python side effects (recording outputs, logging) will not happen in training",
+                      RematWarning, stacklevel=3)
+
+
 def trace(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | None = None, *,
           check: bool = True) -> fx.GraphModule:
     """Trace ``model`` into a GraphModule that shares its parameters and keeps their names, and
@@ -108,6 +121,8 @@ def trace(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | None 
         _constants_as_buffers(gm)
         mismatch = check_trace(model, gm, args, kwargs) if check else None
         if mismatch is None:
+            if name != "symbolic_trace":
+                _inlined_hooks(model)
             return gm
         failures[name] = mismatch
     lines = [f"could not trace {type(model).__name__} into a module that trains like it."]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import operator
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from ..errors import RematWarning
 from .capture import REGION_KEY, UserRegion, capturing_checkpoints, current_regions
 from .modes import MODES_KEY, current_modes, recording_modes
 
@@ -31,6 +33,20 @@ class _Tracer(fx.Tracer):
 
     proxy_buffer_attributes = True
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.hooked: list[str] = []  # modules kept whole because they have hooks
+
+    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        """Modules with forward or backward hooks stay calls: traced through, a hook's tensor ops
+        would be inlined and its Python side effects (recording features, logging) would run only
+        while tracing; called, the hooks run at every step, as in the model."""
+        if module_qualified_name and _hooked(m):
+            if module_qualified_name not in self.hooked:
+                self.hooked.append(module_qualified_name)
+            return True
+        return super().is_leaf_module(m, module_qualified_name)
+
     def create_node(self, kind: str, target: Any, args: Any, kwargs: Any, name: str | None = None,
                     type_expr: Any = None) -> fx.Node:
         node = super().create_node(kind, target, args, kwargs, name, type_expr)
@@ -42,6 +58,11 @@ class _Tracer(fx.Tracer):
             if regions:
                 node.meta[REGION_KEY] = regions
         return node
+
+
+def _hooked(module: torch.nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks)
 
 
 def _leaf_wrapper(module: torch.nn.Module) -> torch.nn.Module:
@@ -97,6 +118,11 @@ def symbolic(model: torch.nn.Module) -> fx.GraphModule:
     with torch.enable_grad(), recording_modes(), capturing_checkpoints(regions), _inplace_operators():
         graph = tracer.trace(model)
     gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
+    if tracer.hooked:
+        warnings.warn(f"remat: {', '.join(tracer.hooked[:3])}{' and others' if len(tracer.hooked) > 3 else ''} "
+                      f"{'has' if len(tracer.hooked) == 1 else 'have'} hooks: kept as whole calls, so the hooks run at every step; they run again "
+                      "when a checkpoint recomputes the module (as under torch.utils.checkpoint)",
+                      RematWarning, stacklevel=3)
     gm.remat_frontend = "symbolic_trace"
     gm.remat_user_regions = regions
     return gm
