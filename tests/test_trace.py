@@ -417,3 +417,15 @@ def test_hooks_on_submodules_run_at_every_step_of_the_checkpointed_module():
     seen.clear()
     train_step(gm, (x,))
     assert len(seen) >= 1, "the forward hook ran in the checkpointed module's step"
+
+
+def test_torch_nn_transformer_layers_are_traced_inside():
+    """fx keeps torch.nn modules as single calls, nn.TransformerEncoder included: a model built from
+    one had nothing to checkpoint apart (InfeasibleBudget at any budget below its peak).  Such calls
+    send the trace to torch.export, which goes inside them."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1, batch_first=True)
+    model, x = nn.TransformerEncoder(layer, 3), torch.randn(4, 64, 32)
+    gm = assert_same_step(model, lambda m: remat.checkpoint(m, (x,), budget=0.5), (x,))
+    assert gm.remat_frontend == "export" and gm.remat_plan.regions
+    assert remat.measure_peak(gm, (x,)) <= gm.remat_plan.budget_bytes

@@ -4,7 +4,9 @@ Frontends in order: ``symbolic_trace`` (readable code, the model's own module ca
 then ``torch.export`` (follows data-dependent Python; export.py).  Each records the model's grad and
 autocast regions and its own checkpoint calls.  The first trace that passes the trace check
 (check.py: one step of each on the same inputs, outputs, gradients and buffers compared) is
-returned; ``gm.remat_frontend`` says which.  When none agrees, ``TraceError`` names the first
+returned; ``gm.remat_frontend`` says which.  A symbolic trace that keeps torch.nn modules made of
+several layers as single calls (nn.TransformerEncoder: fx does not trace into torch.nn) is kept only
+if torch.export fails: nothing inside such a call could be checkpointed apart.  When none agrees, ``TraceError`` names the first
 difference of each, or where each failed to trace.
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from .. import progress
 from ..errors import RematError, RematWarning, TraceError
 from ..fake import module_of
 from .check import Mismatch, check_trace
@@ -99,6 +102,34 @@ def _inlined_hooks(model: torch.nn.Module) -> None:
                       RematWarning, stacklevel=3)
 
 
+def _layers(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """Child modules with parameters, looking through containers (ModuleList, Sequential)."""
+    out = []
+    for child in module.children():
+        if isinstance(child, (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential)):
+            out += _layers(child)
+        elif any(True for _ in child.parameters()):
+            out.append(child)
+    return out
+
+
+def _opaque_calls(gm: fx.GraphModule) -> list[str]:
+    """Calls symbolic_trace kept whole that hold several layers (nn.TransformerEncoder, its layers,
+    nn.Transformer: torch.nn modules fx does not trace into, with more than one submodule that has
+    parameters).  Nothing inside one call can be checkpointed apart, so a model built from them
+    would get no plan below its peak; torch.export traces inside."""
+    out = []
+    for node in gm.graph.nodes:
+        if node.op != "call_module":
+            continue
+        module = gm.get_submodule(node.target)
+        if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks:
+            continue  # kept whole on purpose (symbolic.py)
+        if len(_layers(module)) > 1:
+            out.append(str(node.target))
+    return out
+
+
 def trace(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | None = None, *,
           check: bool = True) -> fx.GraphModule:
     """Trace ``model`` into a GraphModule that shares its parameters and keeps their names, and
@@ -112,6 +143,7 @@ def trace(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | None 
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     kwargs = kwargs or {}
     failures: dict[str, BaseException | Mismatch] = {}
+    fallback: fx.GraphModule | None = None
     for name, frontend in FRONTENDS.items():
         try:
             gm = frontend(model, args, kwargs)
@@ -121,10 +153,17 @@ def trace(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | None 
         _constants_as_buffers(gm)
         mismatch = check_trace(model, gm, args, kwargs) if check else None
         if mismatch is None:
+            opaque = _opaque_calls(gm) if name == "symbolic_trace" and fallback is None else []
+            if opaque:  # try the next frontend, which can cut inside them; keep this trace if it fails
+                fallback = gm
+                progress.log.debug(f"symbolic_trace keeps {', '.join(opaque[:3])} whole: trying the next frontend")
+                continue
             if name != "symbolic_trace":
                 _inlined_hooks(model)
             return gm
         failures[name] = mismatch
+    if fallback is not None:
+        return fallback
     lines = [f"could not trace {type(model).__name__} into a module that trains like it."]
     for name, failure in failures.items():
         if isinstance(failure, Mismatch):
