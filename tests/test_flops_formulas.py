@@ -92,3 +92,14 @@ def test_fwd_equals_flop_counter_mode_on_covered_ops():
     bwd_ours = {k: v for k, v in ours.bwd_by_op.items() if k in theirs}
     total = {k: covered_ours.get(k, 0) + bwd_ours.get(k, 0) for k in theirs}
     assert total == theirs  # resnet18 has no grouped convolutions: same counts op by op
+
+
+def test_selection_counts_comparisons_along_its_dim_not_k():
+    """topk/kthvalue take k before dim: a k of 2 on a 2-D input was read as dim 2 (an IndexError
+    inside the profile of Mixtral's router)."""
+    x = torch.randn(6, 8)
+    c = remat.count_flops(lambda t: torch.topk(t, 2)[0] + torch.kthvalue(t, 3, 0)[0].sum(), (x,))
+    assert c.fwd_by_op["aten.topk"] == 48 * 3  # 8 along the last dim: ceil(log2 8) = 3
+    assert c.fwd_by_op["aten.kthvalue"] == 48 * 3  # 6 along dim 0: ceil(log2 6) = 3
+    c = remat.count_flops(lambda t: torch.msort(t), (torch.randn(5, 3),))
+    assert c.fwd_by_op == {"aten.sort": 15 * 3}  # msort runs sort along dim 0: 5 there

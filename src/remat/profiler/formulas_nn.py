@@ -205,14 +205,22 @@ def logsumexp_flop(x, *args, out_val=None, **kwargs) -> int:
     return 4 * x.numel() + numel(out_val)
 
 
-@register("sort argsort topk kthvalue median nanmedian msort",
-          "N·⌈log2(size along dim)⌉ comparisons", group=_RED)
-def sort_flop(x, *args, out_val=None, **kwargs) -> int:
-    dim = next((a for a in args if isinstance(a, int) and not isinstance(a, bool)), -1)
-    if "dim" in kwargs:
-        dim = kwargs["dim"]
+def _compare_flops(x, dim: int) -> int:
     size = x.shape[dim] if x.dim() else 1
     return x.numel() * max(1, (size - 1).bit_length())
+
+
+@register("sort argsort median nanmedian", "N·⌈log2(size along dim)⌉ comparisons", group=_RED)
+def sort_flop(x, *args, out_val=None, **kwargs) -> int:
+    dim = next((a for a in args if isinstance(a, int) and not isinstance(a, bool)), -1)
+    return _compare_flops(x, kwargs.get("dim", dim))
+
+
+@register("topk kthvalue", "N·⌈log2(size along dim)⌉ comparisons (k comes before dim)", group=_RED)
+def select_k_flop(x, k=None, *args, out_val=None, **kwargs) -> int:
+    dim = args[0] if args and isinstance(args[0], int) and not isinstance(args[0], bool) else -1
+    return _compare_flops(x, kwargs.get("dim", dim))
+
 
 
 # --- losses --------------------------------------------------------------------------------------
