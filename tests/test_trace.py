@@ -429,3 +429,25 @@ def test_torch_nn_transformer_layers_are_traced_inside():
     gm = assert_same_step(model, lambda m: remat.checkpoint(m, (x,), budget=0.5), (x,))
     assert gm.remat_frontend == "export" and gm.remat_plan.regions
     assert remat.measure_peak(gm, (x,)) <= gm.remat_plan.budget_bytes
+
+
+class _PlainTensorAttribute(nn.Module):
+    """A tensor kept as a plain attribute (neither parameter nor buffer), as T5 and DeBERTa's
+    attention code end up with under torch.export."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.scale = torch.linspace(0.5, 1.5, 8)
+
+    def forward(self, x):
+        return self.lin(x) * self.scale
+
+
+def test_tensors_the_trace_lifts_stay_out_of_the_state_dict():
+    """They are registered as buffers so the profile counts them, but not persistent: the
+    checkpointed module's state_dict keeps exactly the model's keys (loadable both ways)."""
+    model, x = _PlainTensorAttribute(), torch.randn(4, 8)
+    gm = remat.checkpoint(model, (x,), solver="none")
+    assert list(gm.state_dict()) == list(model.state_dict())
+    model.load_state_dict(gm.state_dict())

@@ -72,7 +72,8 @@ def _constants_as_buffers(gm: fx.GraphModule) -> None:
     """Register the tensors the graph reads that are neither parameters nor buffers (a tensor
     ``torch.export`` lifted from a closure, an attention mask) as buffers, as ``fx.GraphModule``
     does when it builds every generated module: the profile then counts them resident, as a real
-    step of the generated module holds them."""
+    step of the generated module holds them.  Not persistent: the model has no such buffer, so its
+    state_dict and the generated module's keep the same keys."""
     state = {id(t) for t in [*gm.parameters(), *gm.buffers()]}
     for node in gm.graph.find_nodes(op="get_attr"):
         owner_name, _, field = node.target.rpartition(".")
@@ -80,8 +81,18 @@ def _constants_as_buffers(gm: fx.GraphModule) -> None:
         value = getattr(owner, field, None)
         if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter) and id(value) not in state:
             delattr(owner, field)
-            owner.register_buffer(field, value)
+            owner.register_buffer(field, value, persistent=False)
             state.add(id(value))
+
+
+def _state_dict_of(model: torch.nn.Module, gm: fx.GraphModule) -> None:
+    """Buffers the trace has and the model does not (a plain tensor attribute fx copied in, a
+    constant torch.export lifted) are not persistent: ``gm.state_dict()`` has the model's keys."""
+    theirs = {id(b) for b in model.buffers()}
+    for name, buffer in list(gm.named_buffers(remove_duplicate=False)):
+        if id(buffer) not in theirs:
+            owner_name, _, field = name.rpartition(".")
+            (gm.get_submodule(owner_name) if owner_name else gm)._non_persistent_buffers_set.add(field)
 
 
 def _compiled(model: Any) -> bool:
@@ -151,6 +162,7 @@ def trace(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | None 
             failures[name] = e
             continue
         _constants_as_buffers(gm)
+        _state_dict_of(model, gm)
         mismatch = check_trace(model, gm, args, kwargs) if check else None
         if mismatch is None:
             opaque = _opaque_calls(gm) if name == "symbolic_trace" and fallback is None else []
