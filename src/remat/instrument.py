@@ -61,7 +61,8 @@ def cpu_window(fn: Callable[[], Any], series: bool = False) -> Window:
     The profiler records allocator events only on the threads it profiles.  A buffer allocated here
     and freed on another thread (gloo's worker releasing a collective's input after FSDP dropped
     it: which thread frees it is a race) is counted as freed when its address is handed out again,
-    never earlier, so the measured peak stays an upper bound of the true one."""
+    never earlier, so the measured peak stays an upper bound of the true one.  A free of a block
+    allocated before the window is not counted."""
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
@@ -82,9 +83,12 @@ def cpu_window(fn: Callable[[], Any], series: bool = False) -> Window:
             # the step allocated).  Count that free now, the latest it can have happened.
             running -= live.pop(ptr, 0)
             live[ptr] = nbytes
+            running += nbytes
         else:
-            live.pop(ptr, None)
-        running += nbytes
+            # Only what the window saw allocated is taken off: a block from before it (garbage the
+            # GC collects mid-step; torch warns "allocated before the profiling started") is not
+            # the step's, and its free must not offset the step's allocations.
+            running -= live.pop(ptr, 0)
         peak = max(peak, running)
         if series:
             curve.append(running)
