@@ -383,6 +383,10 @@ def test_a_trace_that_pins_the_batch_is_checked_at_the_planned_batch():
     gm = assert_same_step(KeyQueue(), lambda m: remat.checkpoint(m, (x,), solver="every-stage"), (x,))
     assert gm.remat_frontend == "export"
     assert gm.remat_plan.regions and 'freeze="state"' in gm.code
+    # the pinned batch is part of the shape contract: a smaller one is a ShapeError naming it, not
+    # an AssertionError from export's guards
+    with pytest.raises(remat.ShapeError, match="x"):
+        gm(x[:4])
 
 
 def test_a_torch_compile_wrapper_is_refused_with_the_way_round():

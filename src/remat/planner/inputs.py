@@ -13,6 +13,7 @@ import warnings
 
 import torch
 from torch import fx
+from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
 from ..codegen import NodeRegion, region_options
 from ..errors import RematWarning
@@ -24,12 +25,13 @@ __all__ = ["contract", "user_regions"]
 
 
 def _dynamic(node: fx.Node, shape: tuple[int, ...]) -> tuple[bool, ...]:
-    """Which dimensions of a graph input may vary: symbolic in torch.export's record of it, and
-    every one for symbolic_trace graphs (they hold no sizes)."""
+    """Which dimensions of a graph input may vary: symbolic in torch.export's record of it (and not
+    guarded to one value), and every one for symbolic_trace graphs (they hold no sizes)."""
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor):
         return (True,) * len(shape)
-    return tuple(not isinstance(d, int) for d in val.shape)
+    # a symbol export guarded to one value (the model filled a buffer slice of that size) is pinned
+    return tuple(not (isinstance(d, int) or is_concrete_int(d)) for d in val.shape)
 
 
 def contract(gm: fx.GraphModule, threads: int) -> InputContract:
