@@ -21,6 +21,7 @@ from torch import nn
 
 import remat
 from remat.testing import train_step
+from remat.testing.patterns import Hooked, KeyQueue, RandomDraws, Recurrent, SpectralNet
 
 from common import md_table, write_result
 
@@ -64,69 +65,6 @@ def _hf(name: str) -> tuple[nn.Module, tuple, dict]:
     return model, (ids,), kwargs
 
 
-class _SpectralNet(nn.Module):
-    """Spectral norm: the power iteration writes ``_u``/``_v`` and reads them back."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        sn = nn.utils.parametrizations.spectral_norm
-        self.layers = nn.ModuleList([sn(nn.Linear(256, 256)) for _ in range(4)])
-
-    def forward(self, x):
-        for layer in self.layers:
-            x = torch.relu(layer(x)) + x
-        return x
-
-
-class _KeyQueue(nn.Module):
-    """MoCo-style: keys written into a queue buffer, scores against the queue (export pins the batch)."""
-
-    def __init__(self, dim: int = 256, size: int = 512) -> None:
-        super().__init__()
-        self.enc = nn.Sequential(*[nn.Sequential(nn.Linear(dim, dim), nn.ReLU()) for _ in range(6)])
-        self.register_buffer("queue", torch.randn(dim, size))
-
-    def forward(self, x):
-        q = self.enc(x)
-        with torch.no_grad():
-            self.queue[:, :x.shape[0]] = q.detach().T
-        return (q @ self.queue).logsumexp(1)
-
-
-class _Hooked(nn.Module):
-    """Blocks with a feature-recording forward hook and a gradient-scaling backward hook."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 256))
-                                     for _ in range(6)])
-        self.features: list[torch.Size] = []
-        self.blocks[2].register_forward_hook(lambda m, a, out: self.features.append(out.shape))
-        self.blocks[4].register_full_backward_hook(lambda m, gin, gout: (gin[0] * 0.5,))
-
-    def forward(self, x):
-        for b in self.blocks:
-            x = x + b(x)
-        return x
-
-
-class _Random(nn.Module):
-    """Random draws of several kinds between layers, rrelu among them."""
-
-    DRAWS = (lambda x: x + 0.1 * torch.randn_like(x), lambda x: x * torch.empty_like(x).bernoulli_(0.7),
-             lambda x: F.rrelu(x, training=True), lambda x: x[:, torch.randperm(x.shape[1])],
-             lambda x: F.gumbel_softmax(x, tau=1.0), lambda x: F.alpha_dropout(x, 0.2, training=True))
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList([nn.Linear(256, 256) for _ in self.DRAWS])
-
-    def forward(self, x):
-        for layer, draw in zip(self.layers, self.DRAWS):
-            x = draw(torch.tanh(layer(x)))
-        return x
-
-
 class _UNet(nn.Module):
     def __init__(self, c: int = 16, depth: int = 4) -> None:
         super().__init__()
@@ -152,27 +90,27 @@ class _UNet(nn.Module):
         return self.out(x)
 
 
-class _LSTM(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb, self.lstm, self.head = nn.Embedding(1000, 64), nn.LSTM(64, 128, 2, batch_first=True), nn.Linear(128, 8)
-
-    def forward(self, x):
-        return self.head(self.lstm(self.emb(x))[0]).mean(1)
-
-
 def _encoder() -> nn.Module:
     return nn.TransformerEncoder(nn.TransformerEncoderLayer(128, 4, 256, dropout=0.1, batch_first=True), 4)
 
 
+def _hooked() -> nn.Module:
+    """A feature-recording forward hook and a gradient-scaling full backward hook."""
+    model = Hooked(256, 6)
+    features: list[torch.Size] = []
+    model.blocks[2].register_forward_hook(lambda m, a, out: features.append(out.shape))
+    model.blocks[4].register_full_backward_hook(lambda m, gin, gout: (gin[0] * 0.5,))
+    return model
+
+
 CUSTOM: dict[str, Case] = {
     "nn.TransformerEncoder": lambda: (_encoder(), (torch.randn(8, 128, 128),), {}),
-    "spectral_norm": lambda: (_SpectralNet(), (torch.randn(64, 128, 256),), {}),
-    "key_queue": lambda: (_KeyQueue(), (torch.randn(512, 256),), {}),
-    "hooks": lambda: (_Hooked(), (torch.randn(32, 128, 256),), {}),
-    "random_draws": lambda: (_Random(), (torch.randn(2048, 256),), {}),
+    "spectral_norm": lambda: (SpectralNet(256), (torch.randn(64, 128, 256),), {}),
+    "key_queue": lambda: (KeyQueue(256, 512, 6), (torch.randn(512, 256),), {}),
+    "hooks": lambda: (_hooked(), (torch.randn(32, 128, 256),), {}),
+    "random_draws": lambda: (RandomDraws(256), (torch.randn(2048, 256),), {}),
     "unet": lambda: (_UNet(), (torch.randn(4, 3, 128, 128),), {}),
-    "lstm": lambda: (_LSTM(), (_ids(32, 100),), {}),
+    "lstm": lambda: (Recurrent(1000, 64, 128), (_ids(32, 100),), {}),
 }
 HF = ["t5", "bart", "mistral", "qwen2", "gemma", "phi", "mixtral", "falcon", "gptj", "opt", "deberta", "electra",
       "distilbert"]

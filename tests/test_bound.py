@@ -8,6 +8,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint_sequential
 
 import remat
+from remat.testing.patterns import Recurrent
 from remat.zoo import build
 
 
@@ -131,18 +132,10 @@ def test_an_inplace_add_stays_in_place_in_the_trace_the_bound_is_taken_on(branch
 def test_a_peak_inside_one_op_is_named_not_blamed_on_the_parameters():
     """An LSTM is one graph node: its backward's working set is the step's peak, far above the
     parameters and gradients, and no checkpoint splits it.  The error says so and names the op."""
-    class Net(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.emb, self.lstm, self.head = nn.Embedding(100, 32), nn.LSTM(32, 64, 2, batch_first=True), nn.Linear(64, 4)
-
-        def forward(self, x):
-            return self.head(self.lstm(self.emb(x))[0]).mean(1)
-
     x = torch.randint(0, 100, (16, 64))
     with pytest.raises(remat.InfeasibleBudget, match="inside one op or graph node no checkpoint splits") as info:
-        remat.checkpoint(Net(), (x,), budget=0.5)
+        remat.checkpoint(Recurrent(), (x,), budget=0.5)
     err = info.value
     assert err.min_fraction == 1.0
     assert "rnn" in str(err).split("bound_bytes")[-1], "the bound names the recurrent op's backward"
-    assert err.bound_bytes <= err.min_bytes <= remat.measure_peak(Net(), (x,)) + 64
+    assert err.bound_bytes <= err.min_bytes <= remat.measure_peak(Recurrent(), (x,)) + 64

@@ -12,6 +12,7 @@ from remat.profiler.step import simulate_step
 from remat.zoo import ResidualMLP, build
 
 from remat.testing import assert_predicted, assert_same_step
+from remat.testing.patterns import RandomDraws, SpectralNet
 
 torchvision = pytest.importorskip("torchvision")
 GOLDEN = Path(__file__).parent / "golden"
@@ -52,65 +53,23 @@ def test_without_the_state_guard_batchnorm_statistics_would_update_twice(monkeyp
         assert_same_step(model, lambda m: remat.checkpoint(m, inputs, solver="every-stage"), inputs)
 
 
-class _SpectralNet(torch.nn.Module):
-    """Spectral norm's power iteration writes ``_u``/``_v`` in place (through ``out=``), then builds
-    the weight from them: a recomputation that sees the updated vectors computes another weight.
-    ``shared`` applies one layer twice, so two regions write the same state.  (Not under torch.export:
-    there the second call reads the first's updated vectors as graph values, aliases of the buffers
-    it then writes, and checkpoint's own check of its saved inputs fails, loudly.)"""
-
-    def __init__(self, shared: bool) -> None:
-        super().__init__()
-        sn = torch.nn.utils.parametrizations.spectral_norm
-        self.layers = torch.nn.ModuleList([sn(torch.nn.Linear(32, 32)) for _ in range(2 if shared else 4)])
-        self.order = [0, 1, 0, 1] if shared else [0, 1, 2, 3]
-
-    def forward(self, x):
-        for i in self.order:
-            x = torch.tanh(self.layers[i](x)) + x
-        return x
-
-
 @pytest.mark.parametrize("frontend, shared", [("symbolic_trace", False), ("export", False), ("symbolic_trace", True)])
 def test_state_a_region_writes_and_reads_back_is_recomputed_as_its_forward_saw_it(monkeypatch, frontend, shared):
+    """Spectral norm (patterns.SpectralNet): before, the recomputation read the updated vectors and
+    built another weight (6 % off in the gradients).  ``shared`` applies one layer in two regions.
+    (Not under torch.export: there the second call takes the first's updated vectors as graph
+    values, aliases of the buffers it then writes, and checkpoint's own check of its saved inputs
+    fails, loudly.)"""
     import importlib
 
     trace = importlib.import_module("remat.trace")  # (remat.trace is the function)
     if frontend == "export":
         monkeypatch.setattr(trace, "FRONTENDS", {"export": trace.FRONTENDS["export"]})
     torch.manual_seed(0)
-    model, x = _SpectralNet(shared), torch.randn(16, 32)
+    model, x = SpectralNet(32, (0, 1, 0, 1) if shared else (0, 1, 2, 3)), torch.randn(16, 32)
     gm = assert_same_step(model, lambda m: remat.checkpoint(m, (x,), solver="every-stage"), (x,))
     assert gm.remat_frontend == frontend
     assert 'freeze="state"' in gm.code and "_u" in gm.code
-
-
-_RANDOM = {  # random draws of every kind a model makes: tensor factories, in-place fills, sampling, activations
-    "randn_like": lambda x: x + 0.1 * torch.randn_like(x),
-    "rand": lambda x: x * (torch.rand(x.shape[0], 1) > 0.3),
-    "bernoulli_": lambda x: x * torch.empty_like(x).bernoulli_(0.7),
-    "normal": lambda x: x + torch.normal(0.0, 0.1, size=x.shape),
-    "uniform_": lambda x: x * torch.empty_like(x).uniform_(0.5, 1.5),
-    "exponential_": lambda x: x * torch.empty_like(x).exponential_(),
-    "randperm": lambda x: x[:, torch.randperm(x.shape[1])],
-    "multinomial": lambda x: x[torch.multinomial(torch.ones(x.shape[0]), x.shape[0], replacement=True)],
-    "rrelu": lambda x: torch.nn.functional.rrelu(x, training=True),
-    "dropout1d": lambda x: torch.nn.functional.dropout1d(x.unsqueeze(0), 0.3, training=True).squeeze(0),
-    "alpha_dropout": lambda x: torch.nn.functional.alpha_dropout(x, 0.3, training=True),
-    "gumbel_softmax": lambda x: torch.nn.functional.gumbel_softmax(x, tau=1.0),
-}
-
-
-class _RandomNet(torch.nn.Module):
-    def __init__(self, ops) -> None:
-        super().__init__()
-        self.ops = list(ops)
-        self.layers = torch.nn.ModuleList([torch.nn.Linear(32, 32) for _ in self.ops])
-
-    def forward(self, x):
-        for layer, op in zip(self.layers, self.ops):
-            x = _RANDOM[op](torch.tanh(layer(x)))
-        return x
 
 
 @pytest.mark.filterwarnings("ignore::remat.RematWarning")  # no FLOP formula for some random ops
@@ -119,7 +78,7 @@ def test_every_kind_of_random_draw_is_replayed_exactly():
     return, after autograd saved it: torch's checkpoint stopping early there left the noise
     uninitialized (NaN gradients), so such regions recompute without early stop."""
     torch.manual_seed(0)
-    model, x = _RandomNet(_RANDOM), torch.randn(16, 32)
+    model, x = RandomDraws(32), torch.randn(16, 32)
     gm = assert_same_step(model, lambda m: remat.checkpoint(m, (x,), solver="every-stage"), (x,), seed=3)
     assert "early_stop=False" in gm.code
 

@@ -13,6 +13,7 @@ from torch import nn
 import remat
 
 from remat.testing import assert_same_step, train_step
+from remat.testing.patterns import Hooked, KeyQueue
 
 
 class FrozenFeatures(nn.Module):
@@ -357,23 +358,6 @@ def test_sparse_gradients_are_a_clear_error(layer):
         remat.profile(model, (x,))
 
 
-class KeyQueue(nn.Module):
-    """MoCo-style: each step writes its keys into a queue buffer, then scores against the queue.
-    symbolic_trace cannot trace the slice assignment; torch.export pins the batch when it fills
-    the queue (a batch of ``size``)."""
-
-    def __init__(self, dim: int = 16, size: int = 8) -> None:
-        super().__init__()
-        self.enc = nn.Sequential(*[nn.Sequential(nn.Linear(dim, dim), nn.Tanh()) for _ in range(4)])
-        self.register_buffer("queue", torch.randn(dim, size))
-
-    def forward(self, x):
-        q = self.enc(x)
-        with torch.no_grad():
-            self.queue[:, :x.shape[0]] = q.detach().T
-        return (q @ self.queue).logsumexp(1)
-
-
 def test_a_trace_that_pins_the_batch_is_checked_at_the_planned_batch():
     """The check first runs a cut batch; a trace whose guards reject it is checked at the planned
     one instead of being reported as computing something else.  Its regions write the queue and
@@ -395,23 +379,12 @@ def test_a_torch_compile_wrapper_is_refused_with_the_way_round():
         remat.checkpoint(torch.compile(model), (torch.randn(2, 4),), budget=0.5)
 
 
-class _Blocks(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16)) for _ in range(4)])
-
-    def forward(self, x):
-        for b in self.blocks:
-            x = x + b(x)
-        return x
-
-
 def test_hooks_on_submodules_run_at_every_step_of_the_checkpointed_module():
     """A hook that records features (a side effect) ran only while tracing when fx traced through
     its module; a full backward hook on a traced-through module made the trace fail.  Hooked
     modules are now calls: both hooks run when the checkpointed module trains."""
     torch.manual_seed(0)
-    model, x = _Blocks(), torch.randn(8, 16)
+    model, x = Hooked(), torch.randn(8, 16)
     seen = []
     model.blocks[1].register_forward_hook(lambda mod, args, out: seen.append(out.shape))
     model.blocks[2].register_full_backward_hook(lambda mod, gin, gout: (gin[0] * 3,))

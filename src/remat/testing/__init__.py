@@ -1,5 +1,6 @@
 """Helpers the tests and benchmarks share: one training step compared with the original model's,
-and random DAG networks for fuzzing.  Public so that users can check their own models the same way:
+random DAG networks for fuzzing, and small models with the patterns that broke remat elsewhere
+(``remat.testing.patterns``).  Public so that users can check their own models the same way:
 ``remat.testing.assert_same_step(model, lambda m: remat.checkpoint(m, inputs), inputs)``."""
 from .fuzz import OPS, FuzzNet, Spec, random_spec
 from .step import assert_predicted, assert_same_step, train_step
