@@ -258,3 +258,14 @@ def test_a_tensor_the_trace_lifts_is_resident_in_the_prediction():
     prof = remat.profile(model, (x,))
     assert prof.frontend == "export" and prof.buffer_bytes == PROJ.numel() * PROJ.element_size()
     assert_predicted(prof.peak_bytes, remat.measure_peak(gm, (x,)), what="lifted constant")
+
+
+def test_a_kernel_is_measured_as_recorded_under_the_callers_autocast():
+    """Calibration replays aten ops on real tensors; aten.mm is itself on autocast's list, so under
+    an autocast the caller planned in, an fp32 mm signature ran in bf16 (half its output bytes)."""
+    from remat.profiler.calibrate import measure_kernel
+
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, out_bytes, _, _ = measure_kernel(torch.ops.aten.mm.default, (a, b), {}, threads=1)
+    assert out_bytes == 64 * 64 * 4

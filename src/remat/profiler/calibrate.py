@@ -206,7 +206,8 @@ def measure_kernel(func: OpOverload, args: tuple, kwargs: dict, threads: int) ->
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     rng = torch.default_generator.get_state()  # (not torch.get_rng_state: the simulation counts those)
-    with unset_fake_temporarily():
+    # the op runs as recorded: an autocast the caller planned under must not cast its operands again
+    with unset_fake_temporarily(), torch.autocast("cpu", enabled=False), torch.autocast("cuda", enabled=False):
         memo: dict[int, torch.Tensor] = {}
         real_args, real_kwargs = _realize(args, memo), {k: _realize(v, memo) for k, v in kwargs.items()}
         before = torch.get_num_threads()
