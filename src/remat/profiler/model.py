@@ -90,8 +90,7 @@ def profile_graph(gm: fx.GraphModule, args: tuple, kwargs: dict | None = None,
     fake_params = [sim.state[k] for k in params]
     fake_buffers = [sim.state[k] for k in buffers]
     state_names = {sim.tracker.uid(sim.state[k]): k for k in [*buffers, *params]}
-    profiler = NodeProfiler(gm, sim.tracker, set(state_names), machine(sim.target.device.type, sim.target.threads),
-                            state_names)
+    profiler = NodeProfiler(gm, sim.tracker, state_names, machine(sim.target.device.type, sim.target.threads))
     ops = OpBound(sim.tracker)
 
     def observe(*a: Any, **k: Any) -> None:

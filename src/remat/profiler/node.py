@@ -106,14 +106,14 @@ def _new_output_bytes(args: tuple, out: Any) -> int:
 class NodeProfiler(fx.Interpreter):
     """Runs one training step of ``gm`` on fake tensors and profiles every node."""
 
-    def __init__(self, gm: fx.GraphModule, tracker: StorageTracker, state_uids: set[int],
-                 machine: Machine | None = None, state_names: dict[int, str] | None = None) -> None:
+    def __init__(self, gm: fx.GraphModule, tracker: StorageTracker, state_names: dict[int, str],
+                 machine: Machine | None = None) -> None:
         super().__init__(gm, garbage_collect_values=True)
         self.machine = machine or _machine("cpu", 1)
         self.tracker = tracker
         self.flops = FlopCounter()
-        self.state_uids = state_uids  # parameters and buffers: never activations
-        self.state_names = state_names or {}  # uid -> the parameter's or buffer's name in gm
+        self.state_names = state_names  # uid -> name in gm of each parameter and buffer
+        self.state_uids = set(state_names)  # parameters and buffers: never activations
         self.profiles: dict[str, NodeProfile] = {}
         self.current: NodeProfile | None = None
         self.unattributed = {FWD: 0, LOSS: 0, BWD: 0}
@@ -164,8 +164,7 @@ class NodeProfiler(fx.Interpreter):
                     prof.writes_saved = True
                 if uid in self.state_uids:
                     prof.mutates_state = True
-                    if uid in self.state_names:
-                        prof.state_written = prof.state_written | {self.state_names[uid]}
+                    prof.state_written = prof.state_written | {self.state_names[uid]}
                 elif uid is not None and uid >= 0:
                     producer = self.tracker.producer.get(uid)
                     if producer is not None and producer != prof.name:

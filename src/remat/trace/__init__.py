@@ -26,7 +26,7 @@ from ..fake import module_of
 from .check import Mismatch, check_trace
 from .export import export
 from .modes import MODES_KEY
-from .symbolic import symbolic
+from .symbolic import hooked, symbolic
 
 __all__ = ["trace", "FRONTENDS"]
 
@@ -72,8 +72,7 @@ def _constants_as_buffers(gm: fx.GraphModule) -> None:
     """Register the tensors the graph reads that are neither parameters nor buffers (a tensor
     ``torch.export`` lifted from a closure, an attention mask) as buffers, as ``fx.GraphModule``
     does when it builds every generated module: the profile then counts them resident, as a real
-    step of the generated module holds them.  Not persistent: the model has no such buffer, so its
-    state_dict and the generated module's keep the same keys."""
+    step of the generated module holds them (not persistent: ``_state_dict_of``)."""
     state = {id(t) for t in [*gm.parameters(), *gm.buffers()]}
     for node in gm.graph.find_nodes(op="get_attr"):
         owner_name, _, field = node.target.rpartition(".")
@@ -81,7 +80,7 @@ def _constants_as_buffers(gm: fx.GraphModule) -> None:
         value = getattr(owner, field, None)
         if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter) and id(value) not in state:
             delattr(owner, field)
-            owner.register_buffer(field, value, persistent=False)
+            owner.register_buffer(field, value)
             state.add(id(value))
 
 
@@ -104,11 +103,10 @@ def _compiled(model: Any) -> bool:
 def _inlined_hooks(model: torch.nn.Module) -> None:
     """torch.export traces through module hooks: their tensor ops are in the graph, their Python
     side effects happened once, while tracing (symbolic_trace keeps hooked modules as calls)."""
-    hooked = [n for n, m in model.named_modules() if n and (m._forward_hooks or m._forward_pre_hooks
-                                                            or m._backward_hooks or m._backward_pre_hooks)]
-    if hooked:
-        warnings.warn(f"remat: torch.export traced through the hooks of {', '.join(hooked[:3])}"
-                      f"{' and others' if len(hooked) > 3 else ''}: what they compute is in the trace, but "
+    names = [n for n, m in model.named_modules() if n and hooked(m)]
+    if names:
+        warnings.warn(f"remat: torch.export traced through the hooks of {', '.join(names[:3])}"
+                      f"{' and others' if len(names) > 3 else ''}: what they compute is in the trace, but "
                       "Python side effects (recording outputs, logging) will not happen in training",
                       RematWarning, stacklevel=3)
 
@@ -134,7 +132,7 @@ def _opaque_calls(gm: fx.GraphModule) -> list[str]:
         if node.op != "call_module":
             continue
         module = gm.get_submodule(node.target)
-        if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks:
+        if hooked(module):
             continue  # kept whole on purpose (symbolic.py)
         if len(_layers(module)) > 1:
             out.append(str(node.target))

@@ -21,7 +21,7 @@ from ..errors import RematWarning
 from .capture import REGION_KEY, UserRegion, capturing_checkpoints, current_regions
 from .modes import MODES_KEY, current_modes, recording_modes
 
-__all__ = ["symbolic"]
+__all__ = ["symbolic", "hooked"]
 
 
 class _Tracer(fx.Tracer):
@@ -41,7 +41,7 @@ class _Tracer(fx.Tracer):
         """Modules with forward or backward hooks stay calls: traced through, a hook's tensor ops
         would be inlined and its Python side effects (recording features, logging) would run only
         while tracing; called, the hooks run at every step, as in the model."""
-        if module_qualified_name and _hooked(m):
+        if module_qualified_name and hooked(m):
             if module_qualified_name not in self.hooked:
                 self.hooked.append(module_qualified_name)
             return True
@@ -60,7 +60,8 @@ class _Tracer(fx.Tracer):
         return node
 
 
-def _hooked(module: torch.nn.Module) -> bool:
+def hooked(module: torch.nn.Module) -> bool:
+    """Has ``module`` forward or backward hooks of its own?"""
     return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
                 or module._backward_pre_hooks)
 
