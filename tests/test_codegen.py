@@ -47,7 +47,7 @@ def test_without_the_state_guard_batchnorm_statistics_would_update_twice(monkeyp
     """The buffer check above can fail: recomputation really does re-run BatchNorm."""
     import remat.codegen as codegen
 
-    monkeypatch.setattr(codegen, "region_options", lambda gm, region: ", preserve_rng_state=False")
+    monkeypatch.setattr(codegen, "region_options", lambda gm, region, name="": ", preserve_rng_state=False")
     model, inputs = MODELS["resnet18"]()
     with pytest.raises(AssertionError, match="buffer"):
         assert_same_step(model, lambda m: remat.checkpoint(m, inputs, solver="every-stage"), inputs)

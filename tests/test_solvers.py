@@ -1,6 +1,7 @@
 """Solvers: rotor's optimality, Chen's plans, budget parsing, verified plans, plans as data."""
 import math
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -40,34 +41,39 @@ def random_model(n: int, rng: random.Random) -> ChainModel:
     fdis = [y[i] + (rng.randint(0, 40) if rng.random() < 0.7 else rng.randint(40, 250)) for i in range(n)]
     # input a region starting at the stage holds though nothing saves it (an add's, a dropout's input)
     xfree = [rng.randint(0, x[i]) if rng.random() < 0.5 else 0 for i in range(n)]
-    return ChainModel(tuple(f), tuple(x), tuple(y), tuple(xbar),
-                      tuple(rng.randint(0, 20) for _ in range(n)), tuple(rng.randint(0, 30) for _ in range(n)),
-                      tuple(rng.randint(0, 10) for _ in range(n)), tuple(fdis),
-                      tuple(skip), tuple(skip_from), tuple(float(v) for v in f), tuple(keep), tuple(keep_time),
-                      tuple(xfree))
+    model = ChainModel(tuple(f), tuple(x), tuple(y), tuple(xbar),
+                       tuple(rng.randint(0, 20) for _ in range(n)), tuple(rng.randint(0, 30) for _ in range(n)),
+                       tuple(rng.randint(0, 10) for _ in range(n)), tuple(fdis),
+                       tuple(skip), tuple(skip_from), tuple(float(v) for v in f), tuple(keep), tuple(keep_time),
+                       tuple(xfree))
+    # stages whose kept outputs a later op overwrites (no selective region may hold them), drawn
+    # from the model itself so the draws after this one (the limits) stay those of earlier seeds
+    unsafe = random.Random(hash((model.f, model.xbar)))
+    return replace(model, keep_safe=tuple(unsafe.random() < 0.8 for _ in range(n)))
 
 
-def all_structures(start, stop, forbid=None):
+def all_structures(start, stop, forbid=None, safe=None):
     """Every ordered list of disjoint regions in [start, stop), nested arbitrarily deep; a region
-    with nothing inside also in its variant that keeps the expensive outputs."""
+    with nothing inside also in its variant that keeps the expensive outputs, where every stage in
+    it may be kept (``safe``: per stage; None: all)."""
     if start >= stop:
         yield []
         return
-    yield from all_structures(start + 1, stop, forbid)
+    yield from all_structures(start + 1, stop, forbid, safe)
     for end in range(start + 1, stop + 1):
         if (start, end) == forbid:
             continue
-        for inner in all_structures(start, end, (start, end)):
-            for rest in all_structures(end, stop, forbid):
+        for inner in all_structures(start, end, (start, end), safe):
+            for rest in all_structures(end, stop, forbid, safe):
                 yield [Region(start, end, tuple(inner))] + rest
-                if not inner:
+                if not inner and (safe is None or all(safe[start:end])):
                     yield [Region(start, end, (), SAVE_COMPUTE)] + rest
 
 
 def exact_search(model: ChainModel, limits) -> dict[int, float | None]:
     """Least recomputation at each limit over every nested plan, each evaluated by the model's
     simulator (the plans are enumerated once; each limit then costs a scan)."""
-    costs = [evaluate(model, regions) for regions in all_structures(0, len(model))]
+    costs = [evaluate(model, regions) for regions in all_structures(0, len(model), safe=model.keep_safe)]
     return {limit: min((c.recompute for c in costs if c.peak <= limit), default=None) for limit in limits}
 
 

@@ -12,7 +12,7 @@ import types
 from typing import Any
 
 __all__ = [
-    "FlopCount", "InfeasibleBudget", "InternalError", "ModelProfile", "NodeProfile", "Plan", "Region",
+    "FlopCount", "InfeasibleBudget", "InternalError", "KeptOutputOverwritten", "ModelProfile", "NodeProfile", "Plan", "Region",
     "RematError", "RematWarning", "ShapeError", "TraceError",
     "apply_plan", "checkpoint", "checkpoint_", "count_flops", "fully_shard", "load_plan", "measure_peak",
     "profile", "restore_", "trace",
@@ -28,6 +28,7 @@ _LAZY: dict[str, tuple[str, str, bool]] = {
     "restore_": (".api", "restore_", False),
     "InfeasibleBudget": (".errors", "InfeasibleBudget", False),
     "InternalError": (".errors", "InternalError", False),
+    "KeptOutputOverwritten": (".errors", "KeptOutputOverwritten", False),
     "RematError": (".errors", "RematError", False),
     "RematWarning": (".errors", "RematWarning", False),
     "ShapeError": (".errors", "ShapeError", False),

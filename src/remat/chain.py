@@ -54,6 +54,9 @@ class Stage:
     # bytes of its input that nothing at or after it saves: freed during its forward, unless a
     # checkpoint region starts here (the region holds its inputs until its backward)
     xfree: int = 0
+    # why a region may not keep its matmul/conv/attention outputs ("": it may): a later op writes
+    # one of them in place (NodeProfile.keep_refused of its first such node)
+    keep_refused: str = ""
 
 
 @dataclass
@@ -199,8 +202,9 @@ def _stage(nodes: list[fx.Node], index: int, first: int, last: int, entry: froze
     bwd = max(MIN_STAGE_FLOPS, sum(p.bwd_flops for p in profs))
     seconds = max(MIN_STAGE_SECONDS, sum(p.fwd_time for p in profs))
     keep_time = min(seconds, sum(p.keep_time for p in profs))
+    refused = next((f"{p.name}: {p.keep_refused}" for p in profs if p.keep_refused), "")
     return Stage(index, first, last, tuple(n.name for n in nodes[first:last + 1]), fwd, bwd, x, xbar, ftmp, btmp,
-                 y, g, fdis, skip, skip_from, seconds, sum(p.keep_bytes for p in profs), keep_time, xfree)
+                 y, g, fdis, skip, skip_from, seconds, sum(p.keep_bytes for p in profs), keep_time, xfree, refused)
 
 
 def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, split_blocks: bool = False) -> Chain:

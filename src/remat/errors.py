@@ -1,7 +1,8 @@
 """Errors remat raises on purpose; anything else escaping a public function is a bug."""
 from __future__ import annotations
 
-__all__ = ["RematError", "TraceError", "InfeasibleBudget", "RematWarning", "ShapeError", "InternalError", "public"]
+__all__ = ["RematError", "TraceError", "InfeasibleBudget", "RematWarning", "ShapeError", "KeptOutputOverwritten",
+           "InternalError", "public"]
 
 
 class RematWarning(UserWarning):
@@ -32,6 +33,12 @@ class InfeasibleBudget(RematError):
 class ShapeError(RematError, ValueError):
     """A checkpointed module was called with inputs its plan does not cover (a dimension the trace
     fixed, or a different number of dimensions); the message says what was planned."""
+
+
+class KeptOutputOverwritten(RematError):
+    """A checkpoint region keeps an op's output for its recomputation (torch's selective
+    checkpointing) and a later op writes into it: recomputing from it would give wrong gradients.
+    Raised by the generated module's guard (runtime.py) instead of computing them."""
 
 
 class InternalError(RematError):

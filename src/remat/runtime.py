@@ -23,8 +23,11 @@ from typing import Any
 import torch
 from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.checkpoint import CheckpointPolicy
 
-from .errors import RematWarning, ShapeError
+from .errors import KeptOutputOverwritten, RematWarning, ShapeError
+from .profiler.memory import storage_key
 from .profiler.registry import lookup
 from .profiler.rules import written_arguments
 
@@ -116,10 +119,64 @@ def _state_tensor(module: torch.nn.Module, name: str) -> torch.Tensor:
 def _save_compute(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
     """Selective checkpointing policy: keep the outputs of the ops remat's FLOP registry counts as
     multiply-adds (matmul, convolution, attention), recompute everything else."""
-    from torch.utils.checkpoint import CheckpointPolicy
-
     formula = lookup(op).formula
     return CheckpointPolicy.MUST_SAVE if formula is not None and formula.mac else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+_MUTATED = "Tensor cached during selective activation checkpoint has been mutated"
+
+
+def _overwritten(region: str, writer: str, kept: str) -> KeptOutputOverwritten:
+    return KeptOutputOverwritten(
+        f"checkpoint region {region or '(unnamed)'} keeps the output of {kept} for its recomputation "
+        f"(save=\"compute\"), but {writer} writes into it in place afterwards: the recomputation would "
+        "read the overwritten values and compute wrong gradients. remat's planner never offers such a "
+        "region; for a hand-made plan, drop the region's save-compute policy")
+
+
+class _KeepGuard:
+    """The keep policy of one region's forward, guarded.
+
+    torch's selective checkpoint hands the kept tensors back to the recomputation as they are then.
+    A write after the save makes that wrong, and torch checks only the kept tensor's version
+    counter, which misses writes through ``unsafe_split`` chunks (GRUCell's in-place gates on its
+    addmm outputs on the CPU).  The policy sees every op of the region's forward: a write into
+    the storage of a kept output raises at once, naming both ops.  Writes after the region are
+    refused at plan time (``NodeProfile.keep_refused``); torch's version check, translated by
+    ``_Translated``, catches the rest on the recomputation."""
+
+    def __init__(self, region: str) -> None:
+        self.region = region
+        self.kept: dict[int, str] = {}  # storage_key -> the op whose output it is
+
+    def __call__(self, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.kept:
+            for _, _, value in written_arguments(op, args, kwargs):
+                if isinstance(value, torch.Tensor) and storage_key(value) in self.kept:
+                    raise _overwritten(self.region, str(op), self.kept[storage_key(value)])
+        policy = _save_compute(ctx, op, *args, **kwargs)
+        if policy == CheckpointPolicy.MUST_SAVE:
+            for t in tree_leaves(ctx.op_output):
+                if isinstance(t, torch.Tensor):
+                    self.kept[storage_key(t)] = str(op)
+        return policy
+
+
+class _Translated:
+    """The recomputation context of a keeping region: torch's "cached tensor has been mutated"
+    becomes a RematError naming the region."""
+
+    def __init__(self, inner: Any, region: str) -> None:
+        self.inner, self.region = inner, region
+
+    def __enter__(self) -> None:
+        self.inner.__enter__()
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> Any:
+        handled = self.inner.__exit__(kind, exc, tb)
+        if isinstance(exc, RuntimeError) and _MUTATED in str(exc):
+            raise _overwritten(self.region, "an op after the region", "an op it keeps") from exc
+        return handled
 
 
 class _Both:
@@ -137,11 +194,13 @@ class _Both:
         return self.stack.__exit__(*exc)
 
 
-def context(module: torch.nn.Module, save: str = "", freeze: str = "", state: tuple[str, ...] = ()) -> dict[str, Any]:
+def context(module: torch.nn.Module, save: str = "", freeze: str = "", state: tuple[str, ...] = (),
+            region: str = "") -> dict[str, Any]:
     """Keyword arguments for one checkpoint call: a ``context_fn`` for what its region needs.
 
     ``save="compute"``: keep the outputs of matmul/conv/attention ops (torch's selective
-    checkpointing) and recompute only the rest.  ``freeze="modules"``: recompute without updating
+    checkpointing) and recompute only the rest; a write into a kept output raises ``RematError``
+    naming ``region`` (``KeptOutputOverwritten``, from ``_KeepGuard``).  ``freeze="modules"``: recompute without updating
     the BatchNorm modules' statistics again (symbolic traces); ``freeze="ops"``: the state is
     written by aten ops in the graph (torch.export), frozen by a dispatch mode that runs them on
     copies.  ``freeze="state"`` with the ``state`` names (parameters or buffers of ``module``):
@@ -161,7 +220,8 @@ def context(module: torch.nn.Module, save: str = "", freeze: str = "", state: tu
     def context_fn():
         forward, recompute = contextlib.nullcontext(), contextlib.nullcontext()
         if save:
-            forward, recompute = create_selective_checkpoint_contexts(_save_compute)
+            forward, recompute = create_selective_checkpoint_contexts(_KeepGuard(region))
+            recompute = _Translated(recompute, region)
         # The freezing is entered first: selective checkpointing replays the forward's op sequence
         # exactly, so the freezing's own ops (saving the batch counters) must run outside it.
         if freeze == "modules":

@@ -80,14 +80,16 @@ def _freeze(gm: fx.GraphModule, region: NodeRegion) -> str:
     return f'freeze="state", state={tuple(names)!r}' if names else 'freeze="ops"'
 
 
-def region_options(gm: fx.GraphModule, region: NodeRegion) -> str:
+def region_options(gm: fx.GraphModule, region: NodeRegion, name: str = "") -> str:
     """The checkpoint call's keyword arguments for ``region`` (see the module docstring)."""
     options = "" if _any_node(gm, region, "random") else ", preserve_rng_state=False"
     if _any_node(gm, region, "writes_saved"):
         options += ", early_stop=False"
     needs = []
     if region.policy == SAVE_COMPUTE:
-        needs.append('save="compute"')
+        nodes = list(gm.graph.nodes)
+        label = f"{name}: {nodes[region.first].name} .. {nodes[region.last].name}"
+        needs.append(f'save="compute", region={label!r}')
     if _any_node(gm, region, "mutates_state"):
         needs.append(_freeze(gm, region))
     if needs:
@@ -100,7 +102,7 @@ def _named(gm: fx.GraphModule, regions: Sequence[NodeRegion], prefix: str = "ckp
     for i, r in enumerate(regions):
         name = f"{prefix}_{i}"
         out.append(replace(r, name=name, children=_named(gm, r.children, name),
-                           options=region_options(gm, r) if r.options is None else r.options))
+                           options=region_options(gm, r, name) if r.options is None else r.options))
     return tuple(out)
 
 

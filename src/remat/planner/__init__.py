@@ -77,6 +77,12 @@ def _search(problem: Problem, solver: Solver, budget: Budget | None, settings: S
     return found, budget_bytes
 
 
+def _refused(level: Granularity) -> dict[str, object]:
+    """Stages no region may keep the matmul/conv/attention outputs of, and why (for describe())."""
+    refused = [[i, st.keep_refused] for i, st in enumerate(level.chain.stages) if st.keep_refused]
+    return {"keep_refused": refused} if refused else {}
+
+
 def _result(problem: Problem, solver: Solver, found: Candidate, budget_bytes: int | None,
             settings: SolveSettings, start: float) -> tuple[fx.GraphModule, Plan]:
     """The generated module with its Plan attached."""
@@ -98,7 +104,8 @@ def _result(problem: Problem, solver: Solver, found: Candidate, budget_bytes: in
               **({"user_checkpoints": _count(problem.user_regions),
                   "user_checkpoints_kept": found.module is problem.baseline} if problem.user_regions else {}),
               **({"world_size": problem.shard.world_size, "sharding": "fsdp"} if problem.shard else {}),
-              **({"bound_bytes": problem.bound.bytes, "bound_reason": problem.bound.reason} if problem.bound else {})},
+              **({"bound_bytes": problem.bound.bytes, "bound_reason": problem.bound.reason} if problem.bound else {}),
+              **_refused(found.level)},
     )
     found.module.remat_plan = plan
     return found.module, plan

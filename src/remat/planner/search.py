@@ -14,6 +14,7 @@ from torch import fx
 
 from .. import progress
 from ..codegen import generate
+from ..errors import KeptOutputOverwritten
 from ..solvers.base import SAVE_COMPUTE, Region
 from ..solvers.model import ChainModel, evaluate, recompute_time
 from ..solvers.registry import Solver, SolveSettings
@@ -62,6 +63,8 @@ def _predict(problem: Problem, gm: fx.GraphModule, regions: tuple[Region, ...]) 
     """The verified peak of ``gm``; a selective plan the simulation cannot replay raises SelectiveReplay."""
     try:
         return problem.predict(gm)
+    except KeptOutputOverwritten as e:  # the profile refuses these regions: a guard, not a path
+        raise SelectiveReplay(str(e)) from e
     except RuntimeError as e:
         if not _selective(regions):
             raise

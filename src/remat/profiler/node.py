@@ -69,6 +69,10 @@ class NodeProfile:
     bwd_time: float = 0.0  # predicted seconds of its backward ops
     keep_bytes: int = 0  # new outputs of its matmul/conv/attention ops: what a region saving those keeps
     keep_time: float = 0.0  # seconds of those ops: what recomputing the node skips when they are kept
+    # why a region may not keep those outputs ("": it may): a later op writes one in place (GRUCell's
+    # in-place gates on its addmm outputs, ``y = lin(x); y.mul_(s)``), and torch's selective
+    # checkpoint would hand the overwritten tensor back to the recomputation
+    keep_refused: str = ""
     # nodes whose storage this node writes in place (BatchNorm -> relu_): no cut may separate them
     writes_into: frozenset[str] = field(default=frozenset(), repr=False)
     # storage uids (StorageTracker), for stage-level accounting in chain.py
@@ -124,6 +128,7 @@ class NodeProfiler(fx.Interpreter):
         self._bwd_calls = 0
         self._last_bwd: NodeProfile | None = None
         self.grad_owner: dict[int, tuple[torch.Tensor, NodeProfile]] = {}
+        self.kept: dict[int, tuple[NodeProfile, str]] = {}  # uid of a matmul/conv/attention output -> node, op
 
     # --- every op (called by the accounting mode after it) ---------------------------------------
     def observe(self, func: Any, args: tuple, kwargs: dict, out: Any, as_is: bool = True,
@@ -150,16 +155,25 @@ class NodeProfiler(fx.Interpreter):
             if found.formula is not None and found.formula.mac:
                 prof.keep_time += seconds
                 prof.keep_bytes += _new_output_bytes(args, out)
+                for t in _tensors(out):
+                    uid = self.tracker.uid(t)
+                    if uid is not None:
+                        self.kept[uid] = (prof, str(func))
         elif self.flops.phase == BWD:
             prof.bwd_flops += flops
             prof.bwd_time += seconds
 
     # --- forward -------------------------------------------------------------------------------
     def record_writes(self, prof: NodeProfile, func: Any, args: tuple, kwargs: dict) -> None:
-        """Note in-place writes to module state and to storages of earlier nodes."""
+        """Note in-place writes to module state, to storages of earlier nodes and to the outputs of
+        matmul/conv/attention ops (directly, through views, or inside a composite's decomposition)."""
         for index, _, value in written_arguments(func, args, kwargs):
             if isinstance(value, torch.Tensor):
                 uid = self.tracker.uid(value)
+                kept = self.kept.get(uid) if uid is not None else None
+                if kept is not None and not kept[0].keep_refused:
+                    where = "" if kept[0] is prof else f" (in {prof.name})"
+                    kept[0].keep_refused = f"{func}{where} writes in place into the output of {kept[1]}"
                 if uid not in self.state_uids and index in unreturned_writes(func):
                     prof.writes_saved = True
                 if uid in self.state_uids:

@@ -128,6 +128,12 @@ class Plan:
             verdict = ("kept: the step fits the budget as the model checkpoints it" if self.info.get("user_checkpoints_kept")
                        else "replaced by the regions below")
             lines.append(f"the model's own checkpoint calls ({users}): {verdict}")
+        refused = self.info.get("keep_refused")
+        if refused:
+            stage, why = refused[0]
+            lines.append(f"no region keeps matmul/conv/attention outputs in {len(refused)} of {len(self.stages)} stages: "
+                         "a later op writes such an output in place, and torch's selective checkpoint would hand "
+                         f"the overwritten tensor to the recomputation (e.g. stage {stage}, {why})")
         if not self.regions and not (users and self.info.get("user_checkpoints_kept")):
             lines.append("no checkpointing")
 

@@ -47,11 +47,13 @@ class ChainModel:
     keep: tuple[int, ...] = ()  # bytes a SAVE_COMPUTE region keeps of this stage
     keep_time: tuple[float, ...] = ()  # seconds a SAVE_COMPUTE recomputation skips
     xfree: tuple[int, ...] = ()  # input bytes nothing saves: held by a region starting at the stage
+    # may a SAVE_COMPUTE region contain the stage (False: a later op overwrites an output it would keep)
+    keep_safe: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.f)
         defaults = {"skip": (0,) * n, "skip_from": (-1,) * n, "t": tuple(float(v) for v in self.f),
-                    "keep": (0,) * n, "keep_time": (0.0,) * n, "xfree": (0,) * n}
+                    "keep": (0,) * n, "keep_time": (0.0,) * n, "xfree": (0,) * n, "keep_safe": (True,) * n}
         for name, value in defaults.items():
             if not getattr(self, name):
                 object.__setattr__(self, name, value)
@@ -63,7 +65,8 @@ class ChainModel:
                    tuple(st.xbar for st in s), tuple(st.ftmp for st in s), tuple(st.btmp for st in s),
                    tuple(st.g for st in s), tuple(st.fdis for st in s), tuple(st.skip for st in s),
                    tuple(st.skip_from for st in s), tuple(st.fwd_time for st in s), tuple(st.keep for st in s),
-                   tuple(st.keep_time for st in s), tuple(st.xfree for st in s))
+                   tuple(st.keep_time for st in s), tuple(st.xfree for st in s),
+                   tuple(not st.keep_refused for st in s))
 
     def __len__(self) -> int:
         return len(self.f)
@@ -98,7 +101,8 @@ class ChainModel:
                 btmp=backward_peak - self.x[a] - g, g=g, fdis=fdis, skip=self.skip[b - 1],
                 # skip producers are indices of this model: map them to merged stages
                 skip_from=where.get(self.skip_from[b - 1], -1) if self.skip_from[b - 1] >= 0 else -1,
-                t=sum(self.t[a:b]), keep=sum(self.keep[a:b]), keep_time=sum(self.keep_time[a:b]), xfree=self.xfree[a])
+                t=sum(self.t[a:b]), keep=sum(self.keep[a:b]), keep_time=sum(self.keep_time[a:b]), xfree=self.xfree[a],
+                keep_safe=all(self.keep_safe[a:b]))
 
         rows = [merge(a, b) for a, b in groups]
         return ChainModel(**{f.name: tuple(r[f.name] for r in rows) for f in fields(self)})

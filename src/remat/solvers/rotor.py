@@ -91,6 +91,7 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
     ftmp, btmp, g, fdis, skip = col(model.ftmp), col(model.btmp), col(model.g), col(model.fdis), col(model.skip)
     keep, xfree = col(model.keep), col(model.xfree)
     t_sel = col([model.recompute_seconds(i, SAVE_COMPUTE) for i in range(n)])
+    unsafe = col([0.0 if ok else 1.0 for ok in model.keep_safe])  # stages no selective region may hold
     skip_from = torch.tensor(model.skip_from)
     delta = col([model.delta(i) for i in range(n)])
 
@@ -98,6 +99,7 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
         return torch.cat([torch.zeros(1, dtype=d64), torch.cumsum(v, 0)])
 
     pf, pg, pk, ps = prefix(t_fwd), prefix(g), prefix(keep), prefix(t_sel)  # sums over s..k-1: p[k] - p[s]
+    pu = prefix(unsafe)
 
     idx = torch.arange(n)
     s_idx, t_idx = idx[:, None], idx[None, :]
@@ -176,7 +178,8 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
             sub3 = window[k, tt, sel_start[ss, k - 1]]
             opt3 = sub3.add(first_forward).add_((psc[k] - psc[s][:, None])[..., None])
             room = (m[None, None, :] + (credit[k, tt] - xfree_slots[ss])[..., None]).clamp(max=n_slots)
-            opt3.masked_fill_((sel_disc[ss, k - 1][..., None] > m) | (need[ss, k - 1][..., None] > room), INF)
+            refused = (pu[k] - pu[s][:, None] > 0)[..., None]  # a stage whose kept output is overwritten
+            opt3.masked_fill_((sel_disc[ss, k - 1][..., None] > m) | (need[ss, k - 1][..., None] > room) | refused, INF)
             v3, arg3 = opt3.min(dim=1)
             sel = v3 < value
             value = torch.where(sel, v3, value)

@@ -1,7 +1,13 @@
 """Random DAG networks for property-based tests and the fuzz benchmark: convolutions, linears on
 permuted maps, skips, concatenations, in-place activations, batch/group/layer norm, dropout as a
 module and inside the graph, attention with dropout, no_grad and autocast blocks, the model's own
-checkpoint calls (both variants), and several outputs."""
+checkpoint calls (both variants), and several outputs.
+
+``INPLACE_OPS`` adds writes into matmul/conv outputs, the outputs a selective region keeps:
+composite ops that write their own intermediates in place (GRUCell, LSTMCell and RNNCell decompose
+into addmm, then in-place gates on the addmm outputs or on ``unsafe_split`` chunks of them), and
+user code that does (``y = lin(x); y.mul_(s)``, ``y += b``, ``relu_``, writes through views and
+``unsafe_split`` chunks).  ``ALL_OPS`` is both; ``OPS`` stays the generator earlier seeds drew from."""
 from __future__ import annotations
 
 import random
@@ -12,10 +18,12 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from torch import nn
 
-__all__ = ["OPS", "Spec", "random_spec", "FuzzNet"]
+__all__ = ["OPS", "INPLACE_OPS", "ALL_OPS", "Spec", "random_spec", "FuzzNet"]
 
 OPS = ("conv3", "conv1", "bn", "gn", "relu", "relu_", "gelu", "dropout", "add", "cat", "gate", "linear", "ln",
        "fdropout", "attn", "nograd", "autocast", "ckpt", "ckpt_reentrant")
+INPLACE_OPS = ("gru", "lstm", "rnn", "lin_mul_", "conv_iadd", "conv_relu_", "lin_view_", "lin_unsafe_")
+ALL_OPS = OPS + INPLACE_OPS
 
 
 @dataclass(frozen=True)
@@ -68,7 +76,57 @@ def _layer(op: str, c: int) -> nn.Module:
         "autocast": lambda: nn.Conv2d(c, c, 1),
         "ckpt": lambda: nn.Sequential(nn.Conv2d(c, c, 3, padding=1), nn.ReLU(), nn.Conv2d(c, c, 1)),
         "ckpt_reentrant": lambda: nn.Sequential(nn.Conv2d(c, c, 3, padding=1), nn.GELU(), nn.Conv2d(c, c, 1)),
+        "gru": lambda: nn.GRUCell(c, c),
+        "lstm": lambda: nn.LSTMCell(c, c),
+        "rnn": lambda: nn.RNNCell(c, c),
+        "lin_mul_": lambda: nn.Linear(c, c),
+        "conv_iadd": lambda: nn.Conv2d(c, c, 1),
+        "conv_relu_": lambda: nn.Conv2d(c, c, 3, padding=1),
+        "lin_view_": lambda: nn.Linear(c, c),
+        "lin_unsafe_": lambda: nn.Linear(c, c),
     }.get(op, nn.Identity)()
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """A map (N, C, H, W) as rows of C features (what a cell or a linear layer takes)."""
+    return x.permute(0, 2, 3, 1).reshape(-1, x.shape[1])
+
+
+def _map(rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    n, c, h, w = like.shape
+    return rows.reshape(n, h, w, c).permute(0, 3, 1, 2)
+
+
+def _inplace(op: str, layer: nn.Module, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The INPLACE_OPS: each writes into a matmul/conv output after it is made."""
+    c = u.shape[1]
+    if op == "gru":
+        return _map(layer(_rows(u), _rows(v)), u)
+    if op == "lstm":
+        h, cell = layer(_rows(u), (_rows(v), _rows(u)))
+        return _map(h + cell, u)
+    if op == "rnn":
+        return _map(layer(_rows(u), _rows(v)), u)
+    if op == "lin_mul_":
+        y = layer(_rows(u))
+        y.mul_(0.5)
+        return _map(y, u)
+    if op == "conv_iadd":
+        y = layer(u)
+        y += v
+        return y
+    if op == "conv_relu_":
+        return torch.relu_(layer(u))
+    if op == "lin_view_":
+        y = layer(_rows(u))
+        y[:, : c // 2].mul_(2.0)  # through a view
+        return _map(y, u)
+    if op == "lin_unsafe_":
+        y = layer(_rows(u))
+        first, *_ = torch.unsafe_split(y, max(1, c // 2), dim=1)  # chunks autograd does not track
+        first.add_(1.0)
+        return _map(torch.tanh(y), u)
+    raise ValueError(op)
 
 
 class FuzzNet(nn.Module):
@@ -112,6 +170,8 @@ class FuzzNet(nn.Module):
                 y = h.float()
             elif op == "ckpt":
                 y = cp.checkpoint(layer, u, use_reentrant=False)
+            elif op in INPLACE_OPS:
+                y = _inplace(op, layer, u, v)
             elif op == "ckpt_reentrant":  # (on an input that needs no gradient PyTorch would drop the
                 # gradients of the layer inside, a difference remat warns about: keep to defined cases)
                 y = cp.checkpoint(layer, u, use_reentrant=u.requires_grad)

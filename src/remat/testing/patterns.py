@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["SpectralNet", "KeyQueue", "Hooked", "RandomDraws", "RANDOM_DRAWS", "Recurrent"]
+__all__ = ["SpectralNet", "KeyQueue", "Hooked", "RandomDraws", "RANDOM_DRAWS", "Recurrent", "CellChain"]
 
 
 class SpectralNet(nn.Module):
@@ -102,3 +102,27 @@ class Recurrent(nn.Module):
 
     def forward(self, x):
         return self.head(self.lstm(self.emb(x))[0]).mean(1)
+
+
+class CellChain(nn.Module):
+    """One recurrent cell (GRUCell, LSTMCell or RNNCell: shared weights) applied ``steps`` times to
+    its hidden state.  On the CPU each call decomposes into addmm and then in-place gates on the
+    addmm outputs (through ``unsafe_split`` chunks, which torch's version counters do not see): a
+    selective region that keeps those outputs would recompute from overwritten values."""
+
+    def __init__(self, cell: type[nn.Module] = nn.GRUCell, width: int = 32, steps: int = 8) -> None:
+        super().__init__()
+        self.inp = nn.Linear(width, width)
+        self.cell = cell(width, width)
+        self.steps = steps
+        self.head = nn.Linear(width, width)
+
+    def forward(self, x):
+        h = torch.tanh(self.inp(x))
+        c = h
+        for _ in range(self.steps):
+            if isinstance(self.cell, nn.LSTMCell):
+                h, c = self.cell(x, (h, c))
+            else:
+                h = self.cell(x, h)
+        return self.head(h)
