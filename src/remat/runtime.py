@@ -27,7 +27,6 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import CheckpointPolicy
 
 from .errors import KeptOutputOverwritten, RematWarning, ShapeError
-from .profiler.memory import storage_key
 from .profiler.registry import lookup
 from .profiler.rules import written_arguments
 
@@ -147,18 +146,21 @@ class _KeepGuard:
 
     def __init__(self, region: str) -> None:
         self.region = region
-        self.kept: dict[int, str] = {}  # storage_key -> the op whose output it is
+        # the kept outputs' storages (their StorageImpl addresses: torch holds each kept tensor until
+        # the backward, so no other live storage has one; a Python storage object's id() can be
+        # reused once it is collected, which is why not that) -> the op whose output it is
+        self.kept: dict[int, str] = {}
 
     def __call__(self, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
         if self.kept:
             for _, _, value in written_arguments(op, args, kwargs):
-                if isinstance(value, torch.Tensor) and storage_key(value) in self.kept:
-                    raise _overwritten(self.region, str(op), self.kept[storage_key(value)])
+                if isinstance(value, torch.Tensor) and value.untyped_storage()._cdata in self.kept:
+                    raise _overwritten(self.region, str(op), self.kept[value.untyped_storage()._cdata])
         policy = _save_compute(ctx, op, *args, **kwargs)
         if policy == CheckpointPolicy.MUST_SAVE:
             for t in tree_leaves(ctx.op_output):
                 if isinstance(t, torch.Tensor):
-                    self.kept[storage_key(t)] = str(op)
+                    self.kept[t.untyped_storage()._cdata] = str(op)
         return policy
 
 
