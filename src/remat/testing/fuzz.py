@@ -4,8 +4,9 @@ module and inside the graph, attention with dropout, no_grad and autocast blocks
 checkpoint calls (both variants), and several outputs.
 
 ``INPLACE_OPS`` adds writes into matmul/conv outputs, the outputs a selective region keeps:
-composite ops that write their own intermediates in place (GRUCell, LSTMCell and RNNCell decompose
-into addmm, then in-place gates on the addmm outputs or on ``unsafe_split`` chunks of them), and
+composite ops that write their own intermediates in place (GRUCell, LSTMCell, RNNCell and nn.GRU
+decompose into addmm, then in-place gates on the addmm outputs or on ``unsafe_split`` chunks of
+them: benchmarks/inplace_scan.py lists what does), and
 user code that does (``y = lin(x); y.mul_(s)``, ``y += b``, ``relu_``, writes through views and
 ``unsafe_split`` chunks).  ``ALL_OPS`` is both; ``OPS`` stays the generator earlier seeds drew from."""
 from __future__ import annotations
@@ -22,7 +23,7 @@ __all__ = ["OPS", "INPLACE_OPS", "ALL_OPS", "Spec", "random_spec", "FuzzNet"]
 
 OPS = ("conv3", "conv1", "bn", "gn", "relu", "relu_", "gelu", "dropout", "add", "cat", "gate", "linear", "ln",
        "fdropout", "attn", "nograd", "autocast", "ckpt", "ckpt_reentrant")
-INPLACE_OPS = ("gru", "lstm", "rnn", "lin_mul_", "conv_iadd", "conv_relu_", "lin_view_", "lin_unsafe_")
+INPLACE_OPS = ("gru", "lstm", "rnn", "gru_layer", "lin_mul_", "conv_iadd", "conv_relu_", "lin_view_", "lin_unsafe_")
 ALL_OPS = OPS + INPLACE_OPS
 
 
@@ -79,6 +80,7 @@ def _layer(op: str, c: int) -> nn.Module:
         "gru": lambda: nn.GRUCell(c, c),
         "lstm": lambda: nn.LSTMCell(c, c),
         "rnn": lambda: nn.RNNCell(c, c),
+        "gru_layer": lambda: nn.GRU(c, c, batch_first=True),
         "lin_mul_": lambda: nn.Linear(c, c),
         "conv_iadd": lambda: nn.Conv2d(c, c, 1),
         "conv_relu_": lambda: nn.Conv2d(c, c, 3, padding=1),
@@ -107,6 +109,10 @@ def _inplace(op: str, layer: nn.Module, u: torch.Tensor, v: torch.Tensor) -> tor
         return _map(h + cell, u)
     if op == "rnn":
         return _map(layer(_rows(u), _rows(v)), u)
+    if op == "gru_layer":  # each row of the map a sequence; the CPU runs the cells one by one
+        n, _, h, w = u.shape
+        out, _ = layer(u.permute(0, 2, 3, 1).reshape(n * h, w, c))
+        return out.reshape(n, h, w, c).permute(0, 3, 1, 2)
     if op == "lin_mul_":
         y = layer(_rows(u))
         y.mul_(0.5)
