@@ -21,14 +21,19 @@ from torch.utils._pytree import tree_flatten
 
 from .instrument import Window, cpu_window
 from .profiler.memory import storage_bytes
+from .profiler.rules import round_up
 from .step import loss_of
 
 __all__ = ["measure_peak", "measure_series", "resident_bytes"]
 
 
 def resident_bytes(model: torch.nn.Module, args: Any, kwargs: Any = None) -> int:
+    """Bytes the allocator holds for the parameters, buffers and inputs (on CUDA whole 512-byte
+    blocks, as ``max_memory_allocated`` counts the step's own allocations)."""
     flat, _ = tree_flatten((args, kwargs or {}))
-    return storage_bytes([*model.parameters(), *model.buffers(), *flat])
+    tensors = [t for t in [*model.parameters(), *model.buffers(), *flat] if isinstance(t, torch.Tensor)]
+    on_cuda = any(t.device.type == "cuda" for t in tensors)
+    return storage_bytes(tensors, (lambda n: round_up(n, "cuda")) if on_cuda else None)
 
 
 @contextmanager

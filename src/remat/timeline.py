@@ -136,7 +136,7 @@ def step_timeline(fn: Callable[..., Any], args: tuple, kwargs: dict | None = Non
     """Predicted memory of one training step of ``fn`` (a module: the model, or a generated one),
     op by op, on fake tensors; ``args`` may be on meta.  ``target``/``scratch``: as the planner's."""
     sim = Simulation(fn, tuple(args), kwargs, target, scratch)
-    rec = _Recorder(storage_bytes([*sim.state.values(), *sim.inputs]))
+    rec = _Recorder(storage_bytes([*sim.state.values(), *sim.inputs], sim.target.allocated))
     sim.tracker.on_change = rec.change
     with sim.running(observer=rec.observe), _recording_regions(rec):
         loss = loss_of(fn(*sim.args, **sim.kwargs))

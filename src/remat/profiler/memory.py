@@ -22,10 +22,11 @@ def storage_key(t: torch.Tensor) -> int:
     return id(t.untyped_storage())
 
 
-def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+def storage_bytes(tensors: Iterable[torch.Tensor], allocated: Callable[[int], int] | None = None) -> int:
     """Bytes of the distinct storages behind live ``tensors``, real or fake: views and tied weights
     count once (PyTorch keeps one storage object per storage), a DTensor counts its local shard
-    (FSDP2's parameters), a meta tensor nothing."""
+    (FSDP2's parameters), a meta tensor nothing.  ``allocated``: what the device's allocator holds
+    for a storage of n bytes (CUDA: whole 512-byte blocks; a 4000-byte bias holds 4096)."""
     seen: dict[int, int] = {}
     for t in tensors:
         if not isinstance(t, torch.Tensor):
@@ -35,7 +36,7 @@ def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
         if t.device.type == "meta":
             continue
         st = t.untyped_storage()
-        seen[id(st)] = st.nbytes()
+        seen[id(st)] = st.nbytes() if allocated is None else allocated(st.nbytes())
     return sum(seen.values())
 
 

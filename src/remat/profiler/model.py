@@ -112,16 +112,17 @@ def profile_graph(gm: fx.GraphModule, args: tuple, kwargs: dict | None = None,
         profiler.finish()
     grads = [t.grad for t in fake_params if t.grad is not None]
     nodes = [n.meta[META_KEY] for n in gm.graph.nodes]
-    resident = storage_bytes([*fake_params, *fake_buffers, *sim.inputs]) + sim.target.workspace
+    held = sim.target.allocated  # the device allocator's count of each resident storage
+    resident = storage_bytes([*fake_params, *fake_buffers, *sim.inputs], held) + sim.target.workspace
     return ModelProfile(
         fwd_flops=sum(n.fwd_flops for n in nodes) + profiler.unattributed[FWD],
         bwd_flops=sum(n.bwd_flops for n in nodes) + profiler.unattributed[BWD],
-        param_bytes=storage_bytes(fake_params),
-        buffer_bytes=storage_bytes(fake_buffers),
-        input_bytes=storage_bytes(sim.inputs),
+        param_bytes=storage_bytes(fake_params, held),
+        buffer_bytes=storage_bytes(fake_buffers, held),
+        input_bytes=storage_bytes(sim.inputs, held),
         saved_bytes=sum(profiler.saved.values()),
         peak_bytes=resident + sim.tracker.peak,
-        grad_bytes=storage_bytes(grads),
+        grad_bytes=storage_bytes(grads, held),
         nodes=nodes,
         frontend=getattr(gm, "remat_frontend", ""),
         profile_seconds=time.perf_counter() - start,

@@ -66,5 +66,6 @@ def simulate_step(fn: Callable[..., Any], args: tuple, kwargs: dict | None = Non
             backward(loss)
         del loss
     grads = [t.grad for t in sim.state.values() if t.grad is not None]
-    grad_bytes = storage_bytes(grads) + storage_bytes(shards)
-    return StepMemory(storage_bytes(resident_tensors) + sim.target.workspace, sim.tracker.peak, grad_bytes)
+    held = sim.target.allocated  # the device allocator's count of each storage
+    grad_bytes = storage_bytes(grads, held) + storage_bytes(shards, held)
+    return StepMemory(storage_bytes(resident_tensors, held) + sim.target.workspace, sim.tracker.peak, grad_bytes)
