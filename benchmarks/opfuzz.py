@@ -1,7 +1,7 @@
 """Op-level fuzz: remat's predicted step peak against the measured one on random single ops and blocks.
 
 Each configuration (benchmarks/opfuzz_cases.py: conv, pool, interp, norm, embedding, rnn, attention,
-reduction, matmul, pointwise, block) is a small module with example inputs drawn from
+reduction, matmul, pointwise, block, autocast: mixed-precision chains) is a small module with example inputs drawn from
 ``random.Random(seed)``. It first runs one real training step (``out = model(*inputs)``, loss = sum
 of ``.float().sum()`` over floating outputs, ``loss.backward()``); if torch itself raises, the
 configuration is a ``skip``. Then ``remat.profile(...).peak_bytes`` (fake tensors) is compared with
@@ -38,15 +38,21 @@ import torch
 import remat
 from common import md_table, write_result
 from remat.planner.problem import trace_and_profile
-from opfuzz_cases import BUILDERS, WEIGHTS, Case
+from opfuzz_cases import BUILDERS, SIDE_FAMILIES, WEIGHTS, Case
 
 FAMILIES = list(BUILDERS)
+_DRAWN = [f for f in FAMILIES if f not in SIDE_FAMILIES]  # drawn from the seed's own stream
 SCRATCH = "measured"  # --scratch: kernel scratch measured on this machine (the default), or the rules only
 
 
 def family_of(seed: int) -> str:
-    """The family a seed draws, independent of --families (so a seed always means one configuration)."""
-    return random.Random(seed).choices(FAMILIES, [WEIGHTS.get(f, 1) for f in FAMILIES])[0]
+    """The family a seed draws, independent of --families (so a seed always means one configuration).
+    A side family (autocast) takes its share of seeds from a stream of its own; the rest draw as
+    they did before it existed."""
+    for family, share in SIDE_FAMILIES.items():
+        if random.Random(f"{family}:{seed}").random() < share:
+            return family
+    return random.Random(seed).choices(_DRAWN, [WEIGHTS.get(f, 1) for f in _DRAWN])[0]
 
 
 def build(seed: int) -> Case:

@@ -448,7 +448,57 @@ def block(rng: random.Random) -> Case:
     return finish(rng, "block", f"{kind}: {desc} {xd}", model, (x,), dtype)
 
 
+class Autocast(nn.Module):
+    """A float32 body run under ``torch.autocast`` entered in its forward (the usual mixed-precision
+    training code): ops on autocast's lists run in the low precision, the rest in float32, and
+    kernels mix them (BatchNorm on a bfloat16 input keeps float32 statistics)."""
+
+    def __init__(self, body: nn.Module, dtype: torch.dtype, skip: bool) -> None:
+        super().__init__()
+        self.body, self.dtype, self.skip = body, dtype, skip
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=self.dtype):
+            y = self.body(x)
+        return x + y if self.skip else y
+
+
+def autocast(rng: random.Random) -> Case:
+    """Mixed-precision chains: (conv | linear) -> norm -> activation -> (conv | linear), in float32
+    under a bfloat16 or float16 autocast."""
+    kind, low = rng.choice(["conv", "linear"]), rng.choice([torch.bfloat16, torch.bfloat16, torch.float16])
+    act_name = rng.choice(["relu", "relu_", "gelu", "silu", "none"])
+    act = {"relu": nn.ReLU(), "relu_": nn.ReLU(inplace=True), "gelu": nn.GELU(), "silu": nn.SiLU(),
+           "none": nn.Identity()}[act_name]
+    b, c = rng.randint(1, 8), channels(rng)
+    if kind == "conv":
+        norm_name = rng.choice(["bn", "bn", "gn", "none"])
+        k = rng.choice([1, 3])
+        shape = fit([b, c, rng.randint(4, 48), rng.randint(4, 48)], CAP // 4)
+        norm = {"bn": nn.BatchNorm2d(c), "gn": nn.GroupNorm(math.gcd(c, rng.choice([1, 2, 4, 8])), c),
+                "none": nn.Identity()}[norm_name]
+        body = nn.Sequential(nn.Conv2d(c, c, k, padding=k // 2, bias=rng.random() < 0.5), norm, act,
+                             nn.Conv2d(c, c, k, padding=k // 2, bias=False))
+        x, xd = tensor(rng, shape, torch.float32, rng.random() < 0.3, ("contig", "cl"))
+    else:
+        norm_name = rng.choice(["ln", "ln", "bn1d", "none"])
+        shape = fit([b, rng.randint(1, 128), c], CAP // 4, keep=0)
+        norm = {"ln": nn.LayerNorm(c), "bn1d": Fn(lambda m, t: m.bn(t.transpose(1, 2)).transpose(1, 2)),
+                "none": nn.Identity()}[norm_name]
+        if norm_name == "bn1d":
+            norm.bn = nn.BatchNorm1d(c)
+        body = nn.Sequential(nn.Linear(c, c), norm, act, nn.Linear(c, c))
+        x, xd = tensor(rng, shape, torch.float32, rng.random() < 0.3, ("contig", "perm"))
+    skip = rng.random() < 0.4
+    desc = f"autocast({str(low)[6:]}): {kind}-{norm_name}-{act_name}-{kind}, residual={skip} {xd}"
+    return finish(rng, "autocast", desc, Autocast(body, low, skip), (x,), torch.float32)
+
+
 BUILDERS: dict[str, Callable[[random.Random], Case]] = {
     "conv": conv, "pool": pool, "interp": interp, "norm": norm, "embedding": embedding, "rnn": rnn,
-    "attention": attention, "reduction": reduction, "matmul": matmul, "pointwise": pointwise, "block": block}
+    "attention": attention, "reduction": reduction, "matmul": matmul, "pointwise": pointwise, "block": block,
+    "autocast": autocast}
 WEIGHTS = {"conv": 3}  # every other family 1
+# Families drawn from a seed stream of their own, so the seeds of the families before them keep
+# their configurations (results files from earlier runs stay comparable): family -> share of seeds.
+SIDE_FAMILIES = {"autocast": 1 / 14}

@@ -77,7 +77,7 @@ if hasattr(torch.ops.aten, "mkldnn_rnn_layer_backward"):
 
 # Bumped whenever what a measurement means changes, so no file from an older remat is read
 # (4: times are the best of up to TIMED_RUNS runs, not one).
-FORMAT = 4
+FORMAT = 5
 # An op's time: the fastest of this many runs after the profiled one (which warmed it up).  One run
 # read on a busy machine stays in the cache for good: in format 3, a 512x256 @ 256x256 addmm read
 # 24 ms (2.7 GFLOP/s on a machine measured at 39 GFLOP/s), a layer norm of 128k floats 12 ms.
@@ -126,7 +126,8 @@ class ScratchCache:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        # [scratch, output bytes, output strides, seconds]; None: the op could not run in isolation
+        # [scratch, output bytes, output strides, seconds, each output's storage bytes]; None: the op
+        # could not run in isolation
         self.values: dict[str, list[Any] | None] = {}
         self.new: dict[str, list[Any] | None] = {}
         if path.exists():
@@ -200,9 +201,29 @@ def _new_bytes(args: tuple, kwargs: dict, out: Any) -> int:
     return sum(new.values())
 
 
+def _larger_outputs(args: tuple, kwargs: dict, out: Any, sizes: list[int | None]) -> tuple[int, ...]:
+    """Per output: the bytes its real storage holds beyond the fake one (0 for outputs that alias
+    an input, or a storage an earlier output already has)."""
+    fake = list(out) if isinstance(out, (tuple, list)) else [out]
+    if len(fake) != len(sizes):
+        return ()
+    inputs = {id(t.untyped_storage()) for t in tensors_in((args, kwargs))}
+    seen: set[int] = set()
+    extra = []
+    for t, real in zip(fake, sizes):
+        key = id(t.untyped_storage()) if isinstance(t, torch.Tensor) else None
+        if key is None or real is None or key in inputs or key in seen:
+            extra.append(0)
+            continue
+        seen.add(key)
+        extra.append(max(0, real - t.untyped_storage().nbytes()))
+    return tuple(extra) if any(extra) else ()
+
+
 def measure_kernel(func: OpOverload, args: tuple, kwargs: dict, threads: int) -> list[Any] | None:
     """Run ``func`` once on real CPU tensors shaped like ``args``: [its scratch, the bytes its
-    outputs hold, their strides, its run time], or None when it cannot run that way."""
+    outputs hold, their strides, its run time, each output's storage bytes], or None when it
+    cannot run that way."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     rng = torch.default_generator.get_state()  # (not torch.get_rng_state: the simulation counts those)
@@ -224,7 +245,8 @@ def measure_kernel(func: OpOverload, args: tuple, kwargs: dict, threads: int) ->
             torch.default_generator.set_state(rng)
     outputs = window.value if isinstance(window.value, (tuple, list)) else [window.value]
     strides = [list(t.stride()) if isinstance(t, torch.Tensor) else None for t in outputs]
-    return [max(0, window.peak - window.end), window.end, strides, seconds]
+    sizes = [t.untyped_storage().nbytes() if isinstance(t, torch.Tensor) else None for t in outputs]
+    return [max(0, window.peak - window.end), window.end, strides, seconds, sizes]
 
 
 @dataclass
@@ -278,15 +300,17 @@ class Calibration:
         value = self._value(self.cache, self.target.threads, func, args, kwargs, out)
         if value is None:
             return self._estimate(func, args, kwargs, out, rules, ctx)
-        scratch, held, strides, seconds = value
+        scratch, held, strides, seconds, sizes = value
         for threads, cache in self._also:
             other = self._value(cache, threads, func, args, kwargs, out, count=False)
             scratch = max(scratch, other[0] if other else 0)
         if any(r.value_bound is not None and r.scratch is not None and r.value_bound(args, kwargs) for r in rules):
             # measured on zero indices, which cannot show scratch that depends on index values
             scratch = max(scratch, self._fallback.kernel(func, args, kwargs, out, rules, ctx).scratch)
-        return KernelMemory(scratch, max(0, held - _new_bytes(args, kwargs, out)),
-                            tuple(None if st is None else tuple(st) for st in strides), seconds)
+        per_out = _larger_outputs(args, kwargs, out, sizes)
+        return KernelMemory(scratch, max(0, held - _new_bytes(args, kwargs, out) - sum(per_out)),
+                            strides=tuple(None if st is None else tuple(st) for st in strides), seconds=seconds,
+                            extra_per_out=per_out)
 
     def _estimate(self, func: Any, args: tuple, kwargs: dict, out: Any, rules: tuple[MemoryRule, ...],
                   ctx: RuleContext) -> KernelMemory:

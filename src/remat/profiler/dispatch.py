@@ -77,6 +77,10 @@ class KernelMemory:
 
     scratch: int = 0  # allocated and freed while it runs
     extra_out: int = 0  # allocated with its outputs and freed with them (the real outputs are larger)
+    # per output, in order: bytes its real storage holds beyond the fake one's (native_batch_norm's
+    # statistics are float32 on the CPU for a bfloat16 input, bfloat16 in the fake kernel); each
+    # lives and dies with its own output, unlike ``extra_out``, charged to the first
+    extra_per_out: tuple[int, ...] = ()
     strides: tuple[tuple[int, ...] | None, ...] | None = None  # the real outputs' strides, in order
     seconds: float | None = None  # its run time measured on this machine (None: not measured)
 
@@ -175,6 +179,12 @@ class AccountingMode(TorchDispatchMode):
         self.tracker.hold(sum(r.held(args, self.ctx) for r in rules if r.held is not None))
         if kernel.extra_out and new:
             self.tracker.grow(new[0], kernel.extra_out)
+        if kernel.extra_per_out:
+            grown: set[int] = set()
+            for t, extra in zip(_flat(out), kernel.extra_per_out):
+                if extra and isinstance(t, torch.Tensor) and id(t.untyped_storage()) not in grown:
+                    grown.add(id(t.untyped_storage()))
+                    self.tracker.grow(t.untyped_storage(), extra)
         self.tracker.transient(kernel.scratch)
         return out, kernel
 
