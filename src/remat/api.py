@@ -128,25 +128,44 @@ def _agree_across_ranks(problem: Problem, gm: fx.GraphModule, plan: Plan) -> fx.
 
 
 @public
-def checkpoint_(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | None = None, *,
+def checkpoint_(model: torch.nn.Module, example_inputs: Any = None, kwargs: dict | None = None, *,
                 budget: int | float | str | None = None, solver: str = "rotor",
                 shared_inputs: tuple[str, ...] = (), slots: int = DEFAULT_SLOTS, calibrate: bool | None = None,
-                device: str | torch.device | None = None) -> torch.nn.Module:
+                device: str | torch.device | None = None, plan: Plan | None = None) -> torch.nn.Module:
     """Plan ``model`` like ``checkpoint`` and keep the model object: afterwards its own ``forward``
     runs the planned code for training calls like ``model(*example_inputs, **kwargs)`` and its
     original forward for every other call (under ``no_grad``, in ``eval()``, with other keyword
     arguments; src/remat/inplace.py states the rule).  Hugging Face models keep ``generate``,
-    ``config`` and ``save_pretrained``.  Returns ``model``; ``model.remat_plan`` is the Plan and
-    ``remat.restore_(model)`` undoes it.  Plan with the call your training loop makes (e.g.
-    ``kwargs={"labels": ids}``)."""
-    args = _as_args(example_inputs)
+    ``config``, ``save_pretrained`` and the signature of ``forward`` (the Trainer reads it).
+    Returns ``model``; ``model.remat_plan`` is the Plan and ``remat.restore_(model)`` undoes it.
+
+    Without ``example_inputs`` and ``kwargs`` the plan is made at the model's first training call
+    (grad enabled, ``model.training``), for that call: whatever loop calls the model (the Trainer,
+    accelerate) shows the call to plan for.  ``plan``: a saved Plan (``remat.load_plan``) applied
+    without solving, e.g. one made on a meta-device copy of the model (``apply_plan``)."""
     if inplace.is_attached(model):
         inplace.detach(model)
-    gm = checkpoint(model, args, kwargs, budget=budget, solver=solver, shared_inputs=shared_inputs, slots=slots,
-                    calibrate=calibrate, device=device)
-    inplace.attach(model, gm, args, kwargs or {})
-    model.__dict__["remat_plan"] = gm.remat_plan
-    return model
+
+    def make(args: tuple, call_kwargs: dict | None) -> fx.GraphModule:
+        if plan is not None:
+            return apply_plan(model, args, plan, call_kwargs, shared_inputs=shared_inputs)
+        return checkpoint(model, args, call_kwargs, budget=budget, solver=solver, shared_inputs=shared_inputs,
+                          slots=slots, calibrate=calibrate, device=device)
+
+    if example_inputs is None and kwargs is None:
+        def at_first_call(args: tuple, call_kwargs: dict) -> fx.GraphModule:
+            with progress.step("plan at the first training call", _describe_call(args, call_kwargs)):
+                return make(args, call_kwargs)
+
+        return inplace.attach_pending(model, at_first_call)
+    args = _as_args(() if example_inputs is None else example_inputs)
+    return inplace.attach(model, make(args, kwargs), args, kwargs or {})
+
+
+def _describe_call(args: tuple, kwargs: dict) -> str:
+    def one(v: Any) -> str:
+        return f"{tuple(v.shape)} {str(v.dtype)[6:]}" if isinstance(v, torch.Tensor) else type(v).__name__
+    return ", ".join([one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()])
 
 
 def restore_(model: torch.nn.Module) -> torch.nn.Module:

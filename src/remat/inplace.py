@@ -32,7 +32,7 @@ from torch.utils._pytree import tree_leaves
 
 from .errors import RematWarning, ShapeError
 
-__all__ = ["attach", "detach", "is_attached"]
+__all__ = ["attach", "attach_pending", "detach", "is_attached"]
 
 _KEY = "_remat_inplace"
 
@@ -148,6 +148,53 @@ class InPlace:
             return self.original(*args, **kwargs)
 
 
+@dataclass
+class Pending:
+    """A plan to be made at the model's first training call (``checkpoint_`` without example
+    inputs): whatever calls the model (Hugging Face's Trainer with its batch keys and
+    ``num_items_in_batch``, accelerate, a loop of the user's) shows remat the call to plan for."""
+
+    make: Callable[[tuple, dict], torch.nn.Module]  # plans the model for a call: the generated module
+    original: Callable[..., Any]
+    saved: Any
+    signature: inspect.Signature
+
+    def run(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+        if not model.training or not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
+            return self.original(*args, **kwargs)
+        _restore(model, self.saved)  # planning traces the model's own forward
+        model.__dict__.pop(_KEY, None)
+        try:
+            gm = self.make(args, kwargs)
+        except BaseException:
+            _install(model, self, self.saved)  # the next call tries again
+            raise
+        attach(model, gm, args, kwargs, saved=self.saved)
+        return model.forward(*args, **kwargs)
+
+
+def _restore(model: torch.nn.Module, saved: Any) -> None:
+    if saved is _MISSING:
+        model.__dict__.pop("forward", None)
+    else:
+        model.__dict__["forward"] = saved
+
+
+def _install(model: torch.nn.Module, state: "InPlace | Pending", saved: Any) -> None:
+    model.__dict__[_KEY] = state
+    model.__dict__["forward"] = _Forward(model)
+
+
+def attach_pending(model: torch.nn.Module, make: Callable[[tuple, dict], torch.nn.Module]) -> torch.nn.Module:
+    """Plan at the model's first training call (see ``Pending``); returns ``model``."""
+    if is_attached(model):
+        detach(model)
+    original = model.forward
+    saved = model.__dict__.get("forward", _MISSING)
+    _install(model, Pending(make, original, saved, inspect.signature(original)), saved)
+    return model
+
+
 def _warn_once(model: torch.nn.Module, key: str, message: str) -> None:
     seen = model.__dict__.setdefault("_remat_warned", set())
     if key not in seen:
@@ -155,20 +202,41 @@ def _warn_once(model: torch.nn.Module, key: str, message: str) -> None:
         warnings.warn(message, RematWarning, stacklevel=4)
 
 
-def _forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-    return self.__dict__[_KEY].run(self, args, kwargs)
+class _Forward:
+    """The forward ``attach`` puts on the model instance: it runs the plan or the original
+    (``InPlace.run``) and has the original's signature, because training code reads it: Hugging
+    Face's ``Trainer`` keeps only the batch keys ``inspect.signature(model.forward)`` names (with a
+    bare ``(*args, **kwargs)`` it dropped ``input_ids``), PEFT and accelerate inspect it too."""
 
+    __name__ = "forward"
 
-_forward.__name__ = "forward"  # a pickled bound method is looked up by this name
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.__self__ = model
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        return self.__self__.__dict__[_KEY].signature
+
+    @property
+    def __doc__(self) -> str | None:  # type: ignore[override]
+        return getattr(self.__self__.__dict__[_KEY].original, "__doc__", None)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.__self__.__dict__[_KEY].run(self.__self__, args, kwargs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Forward, (self.__self__,))
 
 
 def is_attached(model: torch.nn.Module) -> bool:
     return _KEY in model.__dict__
 
 
-def attach(model: torch.nn.Module, gm: torch.nn.Module, args: tuple, kwargs: dict) -> torch.nn.Module:
+def attach(model: torch.nn.Module, gm: torch.nn.Module, args: tuple, kwargs: dict,
+           saved: Any = None) -> torch.nn.Module:
     """Make ``model``'s forward run ``gm`` for the calls ``(args, kwargs)`` stands for (see the
-    module docstring); returns ``model``."""
+    module docstring); returns ``model``.  ``saved``: the instance's own forward attribute to put
+    back on ``detach`` (default: what it is now)."""
     if is_attached(model):
         detach(model)
     original = model.forward
@@ -179,24 +247,22 @@ def attach(model: torch.nn.Module, gm: torch.nn.Module, args: tuple, kwargs: dic
     names = list(signature.parameters)
     positional = tuple(names[:len(args)])
     state = InPlace(
-        module=gm, original=original, saved=model.__dict__.get("forward", _MISSING), signature=signature,
+        module=gm, original=original, saved=model.__dict__.get("forward", _MISSING) if saved is None else saved,
+        signature=signature,
         positional=positional, keywords=tuple(kwargs), passed=call.passed,
         constants={n: v for n, v in call.values.items() if n in call.passed and not _has_tensor(v)},
         training=model.training, autocast=_autocast_state())
-    model.__dict__[_KEY] = state
-    model.__dict__["forward"] = _forward.__get__(model)
+    _install(model, state, state.saved)
+    model.__dict__["remat_plan"] = getattr(gm, "remat_plan", None)
     return model
 
 
 def detach(model: torch.nn.Module) -> torch.nn.Module:
     """Undo ``attach``: the model's forward is its own again; returns ``model``."""
-    state: InPlace | None = model.__dict__.pop(_KEY, None)
+    state: InPlace | Pending | None = model.__dict__.pop(_KEY, None)
     if state is None:
         raise ValueError(f"{type(model).__name__} has no plan attached (remat.checkpoint_ attaches one)")
-    if state.saved is _MISSING:
-        model.__dict__.pop("forward", None)
-    else:
-        model.__dict__["forward"] = state.saved
+    _restore(model, state.saved)
     model.__dict__.pop("remat_plan", None)
     model.__dict__.pop("_remat_warned", None)
     return model

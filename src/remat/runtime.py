@@ -255,6 +255,8 @@ class InputContract:
     shapes: tuple[tuple[int, ...] | None, ...]  # None: not a tensor
     dynamic: tuple[tuple[bool, ...] | None, ...]  # per dimension: may it differ from the planned size
     threads: int  # CPU threads the plan assumed
+    dtypes: tuple[str | None, ...] = ()  # per input ("torch.int64"; None: not a tensor)
+    dtype_pinned: bool = False  # the graph asserts them (torch.export): another dtype cannot run
 
     def describe(self) -> str:
         return ", ".join(f"{n} {tuple(s)}" for n, s in zip(self.names, self.shapes) if s is not None)
@@ -272,9 +274,17 @@ def check_inputs(module: torch.nn.Module, *values: Any) -> None:
     contract: InputContract | None = getattr(module, "remat_contract", None)
     if contract is None or torch.compiler.is_compiling():
         return
-    for name, value, planned, dynamic in zip(contract.names, values, contract.shapes, contract.dynamic):
+    dtypes = contract.dtypes or (None,) * len(contract.names)
+    for name, value, planned, dynamic, dtype in zip(contract.names, values, contract.shapes, contract.dynamic, dtypes):
         if planned is None or not isinstance(value, torch.Tensor):
             continue
+        if dtype is not None and str(value.dtype) != dtype:
+            message = (f"input {name!r} has dtype {value.dtype}; this module was planned for {dtype} (inputs "
+                       f"{contract.describe()})")
+            if contract.dtype_pinned:
+                raise ShapeError(message + ": pass that dtype, or plan again with inputs of the new dtype (a "
+                                 "Hugging Face Trainer passes num_items_in_batch as a float32 tensor)")
+            _warn_once(module, f"dtype:{name}:{value.dtype}", message + ": the plan's memory budget may not hold")
         shape = tuple(value.shape)
         if len(shape) != len(planned):
             raise ShapeError(f"input {name!r} has shape {shape}; this module was planned for {tuple(planned)} "

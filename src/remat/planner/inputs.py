@@ -36,7 +36,7 @@ def _dynamic(node: fx.Node, shape: tuple[int, ...]) -> tuple[bool, ...]:
 
 def contract(gm: fx.GraphModule, threads: int) -> InputContract:
     """The inputs ``gm`` was profiled with (its placeholders' profiles), as a contract."""
-    names, shapes, dynamic = [], [], []
+    names, shapes, dynamic, dtypes = [], [], [], []
     for node in gm.graph.nodes:
         if node.op != "placeholder":
             continue
@@ -45,7 +45,10 @@ def contract(gm: fx.GraphModule, threads: int) -> InputContract:
         names.append(node.name)
         shapes.append(shape)
         dynamic.append(None if shape is None else _dynamic(node, shape))
-    return InputContract(tuple(names), tuple(shapes), tuple(dynamic), threads)
+        dtypes.append(None if shape is None else prof.dtype)
+    # torch.export graphs assert each input's dtype; symbolic_trace graphs run any dtype
+    return InputContract(tuple(names), tuple(shapes), tuple(dynamic), threads, tuple(dtypes),
+                         getattr(gm, "remat_frontend", "") == "export")
 
 
 def _user_options(gm: fx.GraphModule, span: tuple[int, int], call: UserRegion | None) -> str:

@@ -65,6 +65,7 @@ class NodeProfile:
     # before the write: torch's checkpoint must not stop recomputing early at that save
     writes_saved: bool = False
     shape: tuple[int, ...] | None = None  # a placeholder's tensor shape (the planned input shape)
+    dtype: str | None = None  # ... and its dtype ("torch.float32")
     fwd_time: float = 0.0  # predicted seconds of its forward ops (timing.py)
     bwd_time: float = 0.0  # predicted seconds of its backward ops
     keep_bytes: int = 0  # new outputs of its matmul/conv/attention ops: what a region saving those keeps
@@ -200,6 +201,7 @@ class NodeProfiler(fx.Interpreter):
         prof.tensor_out = bool(outs)
         if n.op == "placeholder" and isinstance(out, torch.Tensor):
             prof.shape = tuple(int(d) for d in out.shape)
+            prof.dtype = str(out.dtype)
         out_uids = {u for u in (self.tracker.uid(t) for t in outs) if u is not None and u >= 0
                     and self.tracker.producer.get(u) == n.name}
         prof.fwd_out = sum(self.tracker.nbytes[u] for u in out_uids)

@@ -27,20 +27,33 @@ def train_step(module: torch.nn.Module, inputs: tuple, seed: int = 0, kwargs: di
     return outs, grads, buffers
 
 
-def assert_same_step(original: torch.nn.Module, make_new, inputs: tuple, seed: int = 0, kwargs: dict | None = None):
-    """The module ``make_new(model_copy)`` trains exactly like ``original`` (outputs, grads, buffers)."""
+def _close(got: torch.Tensor, ref: torch.Tensor, scale: float | None, what: str) -> None:
+    if scale is None or not ref.is_floating_point():
+        torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-5, msg=lambda m: f"{what}: {m}")
+        return
+    # float sums reordered (a torch.export trace calls other kernels for some ops): each element
+    # within ``scale`` of the tensor's largest magnitude
+    atol = scale * max(float(ref.detach().abs().max()) if ref.numel() else 0.0, 1e-3)
+    torch.testing.assert_close(got, ref, atol=atol, rtol=0.0, msg=lambda m: f"{what}: {m}")
+
+
+def assert_same_step(original: torch.nn.Module, make_new, inputs: tuple, seed: int = 0, kwargs: dict | None = None,
+                     scale: float | None = None):
+    """The module ``make_new(model_copy)`` trains exactly like ``original`` (outputs, grads, buffers).
+    ``scale``: compare each tensor to within that share of its largest magnitude instead (the
+    trace check's tolerance for float32 sums in another order; 1e-5)."""
     twin = copy.deepcopy(original)
     new = make_new(twin)
     ref = train_step(original, inputs, seed, kwargs)
     got = train_step(new, inputs, seed, kwargs)
     for a, b in zip(ref[0], got[0], strict=True):
-        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)
+        _close(b, a, scale, "output")
     assert ref[1].keys() == got[1].keys()
     for k in ref[1]:
-        torch.testing.assert_close(got[1][k], ref[1][k], atol=1e-6, rtol=1e-5, msg=lambda m: f"grad {k}: {m}")
+        _close(got[1][k], ref[1][k], scale, f"grad {k}")
     assert ref[2].keys() == got[2].keys()
     for k in ref[2]:
-        torch.testing.assert_close(got[2][k], ref[2][k], atol=1e-6, rtol=1e-5, msg=lambda m: f"buffer {k}: {m}")
+        _close(got[2][k], ref[2][k], scale, f"buffer {k}")
     return new
 
 

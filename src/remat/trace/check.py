@@ -64,12 +64,17 @@ def _cut(tree: Any, batch: int, keep: int) -> Any:
                     tree)
 
 
-def _tolerance(t: torch.Tensor) -> tuple[float, float]:
-    """(rtol, atol) for comparing two runs of the same ops: float32 sums may be reordered."""
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _tolerance(t: torch.Tensor, half: bool = False) -> tuple[float, float]:
+    """(rtol, atol) for comparing two runs of the same ops: float32 sums may be reordered.
+    ``half``: the step computes in half precision somewhere (a bf16 base model with float32
+    LoRA adapters): a float32 gradient that flowed through bf16 activations has their roundoff."""
     # the largest finite magnitude; nan_to_num instead of a boolean mask, which costs ~20x more
     # (it gathers a copy) and ran for every output, gradient and buffer of every plan
     scale = float(t.detach().abs().nan_to_num_(0.0, 0.0, 0.0).max()) if t.numel() else 0.0
-    if t.dtype in (torch.float16, torch.bfloat16):
+    if t.dtype in _HALF or half:
         return 2e-2, 2e-2 * max(scale, 1e-3)
     return 1e-4, 1e-5 * max(scale, 1e-3)
 
@@ -103,12 +108,12 @@ def _run(module: torch.nn.Module, args: tuple, kwargs: dict, names: dict[int, st
     return _Step(outputs, grads, {n: b.detach() for n, b in state.items()})
 
 
-def _compare(a: torch.Tensor, b: torch.Tensor, values: bool) -> str | None:
+def _compare(a: torch.Tensor, b: torch.Tensor, values: bool, half: bool = False) -> str | None:
     if a.shape != b.shape or a.dtype != b.dtype:
         return f"{tuple(b.shape)} {b.dtype} where the model gives {tuple(a.shape)} {a.dtype}"
     if not values or torch.equal(a, b):  # equal: the common case, and ~10x cheaper than allclose
         return None
-    rtol, atol = _tolerance(a)
+    rtol, atol = _tolerance(a, half)
     if not torch.allclose(b.float(), a.float(), rtol=rtol, atol=atol, equal_nan=True):
         diff = (b.float() - a.float()).abs()
         finite = diff[torch.isfinite(diff)]
@@ -128,7 +133,8 @@ def _pairs(ref: _Step, got: _Step) -> Iterator[tuple[str, str, torch.Tensor | No
         yield f"buffer {name!r}", "after the step ", a, got.buffers.get(name)
 
 
-def _differences(ref: _Step, got: _Step, values: bool, by_shape: frozenset[str] = frozenset()) -> Mismatch | None:
+def _differences(ref: _Step, got: _Step, values: bool, by_shape: frozenset[str] = frozenset(),
+                 half: bool = False) -> Mismatch | None:
     """The first difference; the tensors named in ``by_shape`` are compared by shape and dtype only."""
     if len(ref.outputs) != len(got.outputs):
         return Mismatch("outputs", f"{len(got.outputs)} floating-point outputs where the model gives {len(ref.outputs)}")
@@ -138,16 +144,16 @@ def _differences(ref: _Step, got: _Step, values: bool, by_shape: frozenset[str] 
                             else "gets no gradient where the model gives one")
         if b is None and a is not None:
             return Mismatch(what, prefix + "is missing")
-        why = None if a is None else _compare(a, b, values and what not in by_shape)
+        why = None if a is None else _compare(a, b, values and what not in by_shape, half)
         if why:
             return Mismatch(what, prefix + why)
     return None
 
 
-def _unreproducible(ref: _Step, again: _Step) -> frozenset[str]:
+def _unreproducible(ref: _Step, again: _Step, half: bool = False) -> frozenset[str]:
     """The tensors two steps of the model itself do not reproduce (within the check's tolerance)."""
     return frozenset(what for what, _, a, b in _pairs(ref, again)
-                     if a is not None and b is not None and _compare(a, b, True))
+                     if a is not None and b is not None and _compare(a, b, True, half))
 
 
 def check_trace(model: torch.nn.Module, traced: torch.nn.Module, args: tuple, kwargs: dict) -> Mismatch | None:
@@ -157,6 +163,7 @@ def check_trace(model: torch.nn.Module, traced: torch.nn.Module, args: tuple, kw
     tensors = [t for t in (*model.parameters(), *model.buffers(), *tree_flatten((args, kwargs))[0])
                if isinstance(t, torch.Tensor)]
     fake = FakeSession.for_call(model, args, kwargs) if any(t.device.type == "meta" for t in tensors) else None
+    half = any(t.dtype in _HALF for t in tensors)
     batch = _batch(args, kwargs)
     tries = [(args, kwargs)]
     if fake is None and batch is not None and batch > CHECK_BATCH:
@@ -180,7 +187,7 @@ def check_trace(model: torch.nn.Module, traced: torch.nn.Module, args: tuple, kw
             if i + 1 < len(tries):  # a trace that pinned the batch (torch.export guards): check at the planned one
                 continue
             return Mismatch("the traced module", f"fails where the model runs: {type(e).__name__}: {e}")
-        found = _differences(ref, got, values=fake is None)
+        found = _differences(ref, got, values=fake is None, half=half)
         if found is None or fake is not None:
             return found
         # A kernel that reduces in a thread-dependent order makes the model's own steps differ (bf16
@@ -188,10 +195,10 @@ def check_trace(model: torch.nn.Module, traced: torch.nn.Module, args: tuple, kw
         # step of the model tells those gradients apart, and they are compared by shape only.  Only
         # parameter gradients, and only when the outputs reproduce: outputs that differ between two
         # steps are a model drawing random numbers outside torch, which a trace bakes in.
-        unstable = _unreproducible(ref, _run(model, a, k, names, 0, fake))
+        unstable = _unreproducible(ref, _run(model, a, k, names, 0, fake), half)
         if found.what not in unstable or any(not u.startswith("parameter ") for u in unstable):
             return found
-        found = _differences(ref, got, values=True, by_shape=unstable)
+        found = _differences(ref, got, values=True, by_shape=unstable, half=half)
         if found is None:
             warnings.warn(f"remat: two training steps of the model itself give different values for "
                           f"{', '.join(sorted(unstable))} (a kernel whose result depends on thread timing); "

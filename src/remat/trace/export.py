@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+import torch.fx._pytree as fx_pytree
 import torch.fx.traceback as fx_traceback
 from torch import fx
 from torch.autograd import grad_mode
@@ -128,6 +129,24 @@ def _follow_training_flag(gm: fx.GraphModule, mode: bool) -> None:
         gm.recompile()
 
 
+def _module(program: Any, args: tuple, kwargs: dict) -> fx.GraphModule:
+    """The exported program as a module, with its input guards when they run.
+
+    torch.export writes the guards of dynamic dimensions as Python source; for a forward taking
+    ``*args, **kwargs`` (PEFT's models) that source names an undefined ``L`` and every call fails
+    with a NameError.  Such a module is rebuilt without the guard function: its dimensions stay
+    dynamic, and remat's own shape contract (runtime.check_inputs) checks the inputs."""
+    gm = program.module()
+    guards = getattr(gm, "_guards_fn", None)
+    if guards is None:
+        return gm
+    try:
+        guards(*fx_pytree.tree_flatten_spec((args, kwargs), gm._in_spec))
+    except Exception:  # noqa: BLE001 - torch's generated guard source, not the model
+        gm = program.module(check_guards=False)
+    return gm
+
+
 def export(model: torch.nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
     """Trace ``model`` with torch.export (see the module docstring)."""
     session = FakeSession.for_call(model, args, kwargs)
@@ -146,7 +165,7 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
                 raise
             regions.clear()
             program = _export(model, args, kwargs, None)
-    gm = program.module()
+    gm = _module(program, args, kwargs)
     _follow_training_flag(gm, model.training)
     for node in gm.graph.nodes:
         custom = node.meta.get("custom") or {}

@@ -1,0 +1,165 @@
+"""remat meets the objects LLM trainers use as they are: PEFT models, the real Hugging Face
+Trainer, accelerate, models built on the meta device (the real packages, nothing mocked)."""
+import copy
+import inspect
+import tempfile
+import warnings
+
+import pytest
+import torch
+
+import remat
+import remat.inplace as inplace
+from remat.testing import assert_same_step
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+accelerate = pytest.importorskip("accelerate")
+
+
+def _llama(layers: int = 2, dtype: torch.dtype = torch.float32):
+    config = transformers.LlamaConfig(vocab_size=500, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                                      num_attention_heads=4, num_key_value_heads=2, use_cache=False)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).to(dtype)
+
+
+def _gpt2():
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=500, n_positions=64, use_cache=False)
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(config)
+
+
+LORA = {
+    "q,v": dict(r=8, target_modules=["q_proj", "v_proj"]),
+    "all linear, dropout": dict(r=4, lora_dropout=0.1, target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                      "gate_proj", "up_proj", "down_proj"]),
+}
+
+
+@pytest.mark.parametrize("base_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16 base"])
+@pytest.mark.parametrize("lora", list(LORA), ids=list(LORA))
+def test_peft_lora_models_plan_directly(lora, base_dtype):
+    """A PeftModel's forward takes (*args, **kwargs): torch.export's dynamic-shape guards for it
+    named an undefined ``L`` (NameError at the first call), so remat could not trace it.  Now it
+    plans, trains like the model (LoRA gradients too, fp32 adapters on a bf16 base) and runs
+    smaller batches (the dimensions stay dynamic)."""
+    model = peft.get_peft_model(_llama(dtype=base_dtype), peft.LoraConfig(**LORA[lora])).train()
+    for name, p in model.named_parameters():
+        if "lora_" in name:
+            p.data = p.data.float()
+    ids = torch.randint(0, 500, (4, 48))
+    scale = 1e-5 if base_dtype == torch.float32 else 2e-2
+    gm = assert_same_step(model, lambda m: remat.checkpoint(m, (ids,), {"labels": ids}, budget="min"), (ids,),
+                          kwargs={"labels": ids}, scale=scale)
+    assert gm.remat_plan.regions and gm.remat_frontend == "export"
+    assert any("lora_B" in n for n, p in gm.named_parameters() if p.requires_grad)
+    assert remat.measure_peak(gm, (ids,), {"labels": ids}) <= gm.remat_plan.budget_bytes
+    small = ids[:2, :24]
+    assert_same_step(model, lambda m: gm, (small,), kwargs={"labels": small}, scale=scale)
+
+
+def test_checkpoint_in_place_keeps_the_forward_signature():
+    model = _gpt2()
+    before = inspect.signature(model.forward)
+    ids = torch.randint(0, 500, (4, 32))
+    remat.checkpoint_(model, (), {"input_ids": ids, "labels": ids}, budget=0.5)
+    assert inspect.signature(model.forward) == before
+    assert "input_ids" in inspect.signature(model.forward).parameters
+    remat.restore_(model)
+    assert inspect.signature(model.forward) == before
+
+
+class _Tokens(torch.utils.data.Dataset):
+    def __init__(self) -> None:
+        self.x = torch.randint(0, 500, (40, 32), generator=torch.Generator().manual_seed(1))
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": self.x[i], "labels": self.x[i]}
+
+
+def _covered_calls(monkeypatch) -> dict:
+    """Counts the model calls the plan covers (InPlace.run with nothing to refuse)."""
+    calls = {"planned": 0}
+    run = inplace.InPlace.run
+
+    def counting(self, model, args, kwargs):
+        calls["planned"] += self.covers(model, inplace._Call.bind(self.signature, args, kwargs)) is None
+        return run(self, model, args, kwargs)
+
+    monkeypatch.setattr(inplace.InPlace, "run", counting)
+    return calls
+
+
+def _train_with_trainer(model) -> list[float]:
+    with tempfile.TemporaryDirectory() as out, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        args = transformers.TrainingArguments(output_dir=out, per_device_train_batch_size=8, max_steps=4,
+                                              report_to=[], use_cpu=True, logging_steps=1, seed=0, data_seed=0,
+                                              disable_tqdm=True)
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=_Tokens())
+        trainer.train()
+    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+@pytest.mark.parametrize("how", ["planned for the Trainer's call", "planned at the first call"])
+def test_the_real_trainer_with_default_arguments_runs_the_plan(monkeypatch, how):
+    """transformers.Trainer keeps only the batch keys inspect.signature(model.forward) names; with
+    checkpoint_'s old (*args, **kwargs) forward it dropped input_ids and failed at the first step.
+    Four AdamW steps now give the losses and parameters of an un-checkpointed run, every call planned."""
+    model, reference = _gpt2(), _gpt2()
+    if how == "planned at the first call":
+        remat.checkpoint_(model, budget=0.5)
+    else:  # the Trainer passes num_items_in_batch, a float32 count of the labels it averages over
+        ids = torch.randint(0, 500, (8, 32))
+        remat.checkpoint_(model, (), {"input_ids": ids, "labels": ids, "num_items_in_batch": torch.tensor(248.0)},
+                          budget=0.5)
+    calls = _covered_calls(monkeypatch)
+    losses = _train_with_trainer(model)
+    assert model.remat_plan.regions and calls["planned"] == 4
+    assert losses == _train_with_trainer(reference)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, atol=0, rtol=0, msg=lambda m: f"{name}: {m}")
+
+
+def test_accelerate_prepare_runs_the_plan(monkeypatch):
+    def run(model, plan: bool) -> tuple[list[float], torch.nn.Module]:
+        torch.manual_seed(0)
+        acc = accelerate.Accelerator(cpu=True)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        rows = torch.randint(0, 500, (24, 32), generator=torch.Generator().manual_seed(1))
+        data = torch.utils.data.DataLoader([{"input_ids": x, "labels": x} for x in rows], batch_size=8)
+        if plan:
+            remat.checkpoint_(model, budget=0.5)
+        model, opt, data = acc.prepare(model, opt, data)
+        losses = []
+        for batch in data:
+            out = model(**batch)
+            acc.backward(out.loss)
+            opt.step()
+            opt.zero_grad()
+            losses.append(out.loss.item())
+        return losses, model
+
+    calls = _covered_calls(monkeypatch)
+    planned, model = run(_gpt2(), True)
+    plain, reference = run(_gpt2(), False)
+    assert model.remat_plan.regions and calls["planned"] == 3 and planned == plain
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_a_call_with_another_dtype_runs_the_original_with_a_warning():
+    """An export graph asserts its inputs' dtypes: a Trainer's float32 num_items_in_batch against
+    a plan made with an int64 one failed inside the graph ("Tensor dtype mismatch"); now the
+    contract refuses it first and checkpoint_ runs the original forward, saying why."""
+    model = _gpt2()
+    ids = torch.randint(0, 500, (4, 32))
+    remat.checkpoint_(model, (), {"input_ids": ids, "labels": ids, "num_items_in_batch": torch.tensor(124)},
+                      budget=0.5)
+    with pytest.warns(remat.RematWarning, match="dtype torch.float32; this module was planned for torch.int64"):
+        out = model(input_ids=ids, labels=ids, num_items_in_batch=torch.tensor(124.0))
+    out.loss.backward()
