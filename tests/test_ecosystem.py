@@ -163,3 +163,26 @@ def test_a_call_with_another_dtype_runs_the_original_with_a_warning():
     with pytest.warns(remat.RematWarning, match="dtype torch.float32; this module was planned for torch.int64"):
         out = model(input_ids=ids, labels=ids, num_items_in_batch=torch.tensor(124.0))
     out.loss.backward()
+
+
+def test_a_default_config_with_the_kv_cache_on_plans_and_keeps_its_cache_for_generate():
+    """Most configs default to use_cache=True: the trace met a DynamicCache in the output and
+    failed ("Found DynamicCache in output"). Training keeps no cache: remat traces with it off and
+    puts the config back, so generate() still uses it."""
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=500))
+    assert model.config.use_cache
+    ids = torch.randint(0, 500, (4, 64))
+    reference = copy.deepcopy(model)
+    remat.checkpoint_(model, (ids,), {"labels": ids}, budget=0.7)
+    assert model.config.use_cache and model.remat_plan.regions
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    ref = reference(input_ids=ids, labels=ids)
+    ref.loss.backward()
+    torch.testing.assert_close(out.loss, ref.loss)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-6, rtol=1e-5)
+    with torch.no_grad():
+        generated = model.generate(ids[:1, :8], max_new_tokens=4, do_sample=False)
+    assert generated.shape == (1, 12)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import sys
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -139,18 +140,42 @@ def _opaque_calls(gm: fx.GraphModule) -> list[str]:
     return out
 
 
+@contextmanager
+def _without_kv_cache(model: torch.nn.Module, kwargs: dict) -> Iterator[None]:
+    """A Hugging Face model in training mode with ``config.use_cache`` on (the default of most
+    configs) returns a KV cache object no trace can follow, and no training step reads: it is
+    traced with the cache off, and the config put back after (``generate`` still uses it).  A
+    call that passes ``use_cache=True`` itself keeps it."""
+    config = getattr(model, "config", None)
+    if not model.training or getattr(config, "use_cache", None) is not True or "use_cache" in kwargs:
+        yield
+        return
+    progress.log.debug("tracing with config.use_cache = False: a training step keeps no KV cache")
+    config.use_cache = False
+    try:
+        yield
+    finally:
+        config.use_cache = True
+
+
 def trace(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | None = None, *,
           check: bool = True) -> fx.GraphModule:
     """Trace ``model`` into a GraphModule that shares its parameters and keeps their names, and
-    (``check=True``) trains like it on ``example_inputs``."""
+    (``check=True``) trains like it on ``example_inputs``.  A Hugging Face model's KV cache is
+    off while it is traced (``_without_kv_cache``)."""
     if module_of(model) is None:
         raise TypeError(f"remat traces torch.nn.Module instances, got {type(model).__name__}")
+    kwargs = kwargs or {}
+    with _without_kv_cache(model, kwargs):
+        return _trace(model, example_inputs, kwargs, check)
+
+
+def _trace(model: torch.nn.Module, example_inputs: Any, kwargs: dict, check: bool) -> fx.GraphModule:
     if _compiled(model):
         raise RematError("remat plans the model itself, not its torch.compile wrapper: pass the module you "
                          "compiled (model._orig_mod) and compile what remat returns, "
                          "torch.compile(remat.checkpoint(model, inputs, budget=...))")
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
-    kwargs = kwargs or {}
     failures: dict[str, BaseException | Mismatch] = {}
     fallback: fx.GraphModule | None = None
     for name, frontend in FRONTENDS.items():
