@@ -176,8 +176,10 @@ def test_a_default_config_with_the_kv_cache_on_plans_and_keeps_its_cache_for_gen
     reference = copy.deepcopy(model)
     remat.checkpoint_(model, (ids,), {"labels": ids}, budget=0.7)
     assert model.config.use_cache and model.remat_plan.regions
+    torch.manual_seed(1)  # the default config has dropout: the same draws in both
     out = model(input_ids=ids, labels=ids)
     out.loss.backward()
+    torch.manual_seed(1)
     ref = reference(input_ids=ids, labels=ids)
     ref.loss.backward()
     torch.testing.assert_close(out.loss, ref.loss)
