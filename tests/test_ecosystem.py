@@ -10,7 +10,7 @@ import torch
 
 import remat
 import remat.inplace as inplace
-from remat.testing import assert_same_step
+from remat.testing import assert_predicted, assert_same_step
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -188,3 +188,42 @@ def test_a_default_config_with_the_kv_cache_on_plans_and_keeps_its_cache_for_gen
     with torch.no_grad():
         generated = model.generate(ids[:1, :8], max_new_tokens=4, do_sample=False)
     assert generated.shape == (1, 12)
+
+
+@pytest.mark.parametrize("how", ["torch.device('meta')", "accelerate.init_empty_weights"])
+def test_a_model_built_on_meta_plans_and_its_plan_applies_to_the_materialized_model(how, tmp_path):
+    """How anyone plans a model bigger than the planning machine: built without memory, planned
+    for the CPU and for a GPU, the plan saved, then applied to the real model without solving.
+    The export trace of a meta model made its tensors on meta (``device=self.weight.device``) and
+    failed its check ("Tensor device mismatch! Expected: meta, Got: cpu")."""
+    config = transformers.LlamaConfig(vocab_size=500, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2)
+    if how.startswith("torch"):
+        with torch.device("meta"):
+            empty = transformers.LlamaForCausalLM(config).train()
+    else:
+        with accelerate.init_empty_weights():
+            empty = transformers.LlamaForCausalLM(config).train()
+    meta_ids = torch.empty(4, 64, dtype=torch.long, device="meta")
+    prof = remat.profile(empty, (meta_ids,), {"labels": meta_ids})
+    assert prof.peak_bytes > prof.param_bytes > 0
+    assert all(p.device.type == "meta" for p in empty.parameters())  # nothing allocated
+    gpu = remat.checkpoint(empty, (meta_ids,), {"labels": meta_ids}, budget=0.6, device="cuda").remat_plan
+    assert gpu.regions and gpu.info["device"] == "cuda"
+    remat.checkpoint(empty, (meta_ids,), {"labels": meta_ids}, budget=0.6).remat_plan.to_json(tmp_path / "plan.json")
+    plan = remat.load_plan(tmp_path / "plan.json")
+    assert plan.regions
+
+    torch.manual_seed(0)
+    real = transformers.LlamaForCausalLM(config).train()
+    ids = torch.randint(0, 500, (4, 64))
+    gm = assert_same_step(real, lambda m: remat.apply_plan(m, (ids,), plan, {"labels": ids}), (ids,),
+                          kwargs={"labels": ids}, scale=1e-5)
+    assert gm.remat_plan.regions == plan.regions
+    measured = remat.measure_peak(gm, (ids,), {"labels": ids})
+    assert measured <= plan.budget_bytes
+    assert_predicted(plan.predicted_peak_bytes, measured, what="a plan made on meta, on the real model")
+    in_place = copy.deepcopy(real)
+    remat.checkpoint_(in_place, (ids,), {"labels": ids}, plan=plan)
+    assert in_place.remat_plan.regions == plan.regions
+    in_place(ids, labels=ids).loss.backward()

@@ -1,6 +1,8 @@
 """The public entry points (docs/design.md's contract): profile, checkpoint, checkpoint_, apply_plan."""
 from __future__ import annotations
 
+import re
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -168,6 +170,13 @@ def _describe_call(args: tuple, kwargs: dict) -> str:
     return ", ".join([one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()])
 
 
+def _shape_of(stages: list[list[str]]) -> list[list[str]]:
+    """Stages as node kinds: names without fx's counters (``sym_size_int_11`` and ``sym_size_int_9``
+    are one node of two traces whose shape symbols were numbered in another order: a model traced
+    on meta and materialized)."""
+    return [[re.sub(r"_\d+$", "", name) for name in stage] for stage in stages]
+
+
 def restore_(model: torch.nn.Module) -> torch.nn.Module:
     """Undo ``checkpoint_``: ``model.forward`` is the model's own again.  Returns ``model``."""
     return inplace.detach(model)
@@ -193,10 +202,11 @@ def apply_plan(model: torch.nn.Module, example_inputs: Any, plan: Plan, kwargs: 
     if level not in problem.levels:
         raise ValueError(f"this plan was made for a {level!r} chain, which this model does not have")
     stages = [list(s.nodes) for s in problem.levels[level].chain.stages]
-    if stages != [list(s) for s in plan.stages]:
+    if _shape_of(stages) != _shape_of(plan.stages):
         raise ValueError("this plan was made for a different graph: the model traces to "
                          f"{len(stages)} stages, the plan has {len(plan.stages)} (or their nodes differ)")
     gm = apply_regions(problem, tuple(plan.regions), level)
+    plan = replace(plan, stages=stages)  # the same graph; fx may number its nodes otherwise
     gm.remat_plan = plan
     _timeline.attach(plan, problem, gm)
     return gm

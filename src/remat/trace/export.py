@@ -19,7 +19,7 @@ import inspect
 import logging
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -31,6 +31,7 @@ from torch.export import Dim
 from torch.utils._pytree import tree_map
 
 from ..fake import FakeSession
+from ..step import reparametrized
 from .capture import REGION_KEY, UserRegion, capturing_checkpoints
 
 __all__ = ["export"]
@@ -147,16 +148,51 @@ def _module(program: Any, args: tuple, kwargs: dict) -> fx.GraphModule:
     return gm
 
 
+def _fake_state(model: torch.nn.Module, session: FakeSession) -> dict[str, torch.Tensor]:
+    """The model's parameters and buffers as fakes on the session's device, parameters still
+    ``nn.Parameter``s (export checks) and tied ones still one object."""
+    params = {id(p) for p in model.parameters()}
+    wrapped: dict[int, torch.Tensor] = {}
+    state = {}
+    for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        fake = session.tensor(t)
+        if id(t) in params:
+            fake = wrapped.setdefault(id(fake), torch.nn.Parameter(fake, requires_grad=t.requires_grad))
+        state[name] = fake
+    return state
+
+
+def _share_state(model: torch.nn.Module, gm: fx.GraphModule) -> None:
+    """Point ``gm``'s parameters and buffers (fakes while exporting) at the model's own tensors."""
+    for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        owner_name, _, field = name.rpartition(".")
+        try:
+            owner = gm.get_submodule(owner_name) if owner_name else gm
+        except AttributeError:
+            continue  # not used by the graph
+        if field in owner._parameters:
+            owner._parameters[field] = t
+        elif field in owner._buffers:
+            owner._buffers[field] = t
+
+
 def export(model: torch.nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
     """Trace ``model`` with torch.export (see the module docstring)."""
     session = FakeSession.for_call(model, args, kwargs)
-    meta = any(isinstance(t, torch.Tensor) and t.device.type == "meta"
-               for t in torch.utils._pytree.tree_leaves((args, kwargs)))
+    state_on_meta = any(t.device.type == "meta" for t in (*model.parameters(), *model.buffers()))
+    meta = state_on_meta or any(isinstance(t, torch.Tensor) and t.device.type == "meta"
+                                for t in torch.utils._pytree.tree_leaves((args, kwargs)))
     if meta:  # export needs inputs on the model's device; fake twins carry no data either way
         args, kwargs = session.tree(args), session.tree(kwargs)
+    # A model built on the meta device (``with torch.device("meta")``, accelerate's
+    # ``init_empty_weights``) is exported with its state faked on the device the step runs on:
+    # on meta, its code would make tensors on meta (``device=self.weight.device``) and kernels
+    # would give other strides, so the graph would not be the materialized model's (a plan made on
+    # meta is applied to it by tracing it again: the stages must be the same).
+    swapped = reparametrized(model, _fake_state(model, session)) if state_on_meta else nullcontext()
     regions: dict[int, UserRegion] = {}
     with fx_traceback.preserve_node_meta(), capturing_checkpoints(regions, annotate=True), \
-            _inference_mode_as_no_grad():
+            _inference_mode_as_no_grad(), swapped:
         dynamic = _dynamic_shapes(model, args, kwargs)
         try:
             program = _export(model, args, kwargs, dynamic)
@@ -166,6 +202,8 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
             regions.clear()
             program = _export(model, args, kwargs, None)
     gm = _module(program, args, kwargs)
+    if state_on_meta:
+        _share_state(model, gm)
     _follow_training_flag(gm, model.training)
     for node in gm.graph.nodes:
         custom = node.meta.get("custom") or {}
