@@ -55,6 +55,18 @@ def _spec(text: str) -> str:
     return text
 
 
+_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+           "float16": "float16", "fp16": "float16", "half": "float16"}
+
+
+def _dtype(text: str) -> str:
+    """A dtype name (resolved to torch's once torch is imported: this module does not import it)."""
+    key = text.strip().lower().removeprefix("torch.")
+    if key not in _DTYPES:
+        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; choose float32, bfloat16 (bf16) or float16 (fp16)")
+    return _DTYPES[key]
+
+
 # --- the parser -------------------------------------------------------------------------------------
 def _common() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
@@ -73,8 +85,15 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="batch size of the example inputs (default 4)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, metavar="DEV",
                    help="cpu or cuda, the device the training step will run on: cuda predicts a GPU step (its "
-                        "kernels and caching allocator) on fake tensors, no GPU needed (default: where the model "
-                        "is built, the CPU)")
+                        "kernels and caching allocator) on fake tensors, no GPU needed, and builds a transformers "
+                        "model on the meta device (default: where the model is built, the CPU)")
+    p.add_argument("--dtype", type=_dtype, default=None, metavar="T",
+                   help="the model's parameters and floating inputs: float32, bfloat16 (bf16) or float16 (fp16)")
+    p.add_argument("--seq", type=_positive_int, default=None, metavar="S",
+                   help="sequence length of a transformers model (the spec's seq= option)")
+    p.add_argument("--meta", action="store_true",
+                   help="build a transformers model on the meta device: no memory for its weights (a 7B-70B "
+                        "shape plans on a laptop); implied by --device cuda")
 
 
 def build_parser() -> argparse.ArgumentParser:

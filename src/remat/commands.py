@@ -32,10 +32,23 @@ def _needs_matplotlib(flag: str, value: str | None) -> None:
 
 
 def _build(args: argparse.Namespace, meta_inputs: bool = False) -> Any:
+    import torch
+
     from . import zoo
 
-    with progress.step("build model", args.spec):
-        return zoo.build(args.spec, args.batch, meta_inputs=meta_inputs)
+    spec = args.spec
+    seq = getattr(args, "seq", None)
+    if seq is not None:
+        if not spec.startswith("transformers:"):
+            raise ValueError(f"--seq sets a transformers model's sequence length; {spec!r} is not one")
+        name, _, options = spec.partition(":")[2].partition(":")
+        options = ",".join([o for o in options.split(",") if o and not o.startswith("seq=")] + [f"seq={seq}"])
+        spec = f"transformers:{name}:{options}"
+    dtype = getattr(torch, args.dtype) if getattr(args, "dtype", None) else None
+    meta_model = (getattr(args, "meta", False) or getattr(args, "device", None) == "cuda") \
+        and not getattr(args, "measure", False)
+    with progress.step("build model", spec):
+        return zoo.build(spec, args.batch, meta_inputs=meta_inputs, dtype=dtype, meta_model=meta_model)
 
 
 def _check_measure_device(args: argparse.Namespace) -> None:

@@ -4,6 +4,7 @@
 ``transformers:gpt2``                    GPT-2/BERT/Llama/ViT from a config, random weights, nothing downloaded
 ``transformers:gpt2:layers=6,width=512,seq=256``   options after a second colon
 ``transformers:gpt2-medium``             24 layers, width 1024, 16 heads, seq 1024
+``transformers:llama:layers=32,width=4096,heads=32,ffn=11008,seq=4096``   a Llama-7B shape (also kv_heads=, vocab=)
 ``package.module:factory``               ``factory(batch=N)`` returning ``(model, example_inputs)``
 ``mlp``                                  the built-in default: a residual MLP with dropout on 256 tokens
 
@@ -11,6 +12,7 @@ Weights are always freshly initialized: remat never downloads or copies a user's
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 from dataclasses import dataclass, field
@@ -86,12 +88,13 @@ _HF_PRESETS = {
     "gpt2": dict(layers=4, width=256, heads=4, seq=128),
     "gpt2-medium": dict(layers=24, width=1024, heads=16, seq=1024),
     "bert": dict(layers=4, width=256, heads=4, seq=128),
-    "llama": dict(layers=4, width=256, heads=4, seq=128),
+    "llama": dict(layers=4, width=256, heads=4, seq=128, ffn=0, kv_heads=0, vocab=32000),  # 0: 4 x width, heads
     "vit": dict(layers=4, width=256, heads=4, seq=0),
 }
 
 
-def _transformers(name: str, batch: int, meta_inputs: bool, opts: dict[str, str]) -> Workload:
+def _transformers(name: str, batch: int, meta_inputs: bool, opts: dict[str, str],
+                  dtype: torch.dtype | None = None, on_meta: bool = False) -> Workload:
     try:
         import transformers
     except ImportError as e:  # pragma: no cover
@@ -109,30 +112,42 @@ def _transformers(name: str, batch: int, meta_inputs: bool, opts: dict[str, str]
         raise ValueError(f"transformers options are integers, got {opts}") from None
     layers, width, heads, seq = cfg["layers"], cfg["width"], cfg["heads"], cfg["seq"]
     common = dict(attn_implementation="sdpa")
+    # a model on meta holds no memory: how a 7B-70B shape is planned on a laptop (remat never
+    # needs the weights); built in the training dtype, as mixed-precision-free bf16 training runs
+    place = torch.device("meta") if on_meta else contextlib.nullcontext()
     gen = torch.Generator().manual_seed(0)
     device = _input_device(meta_inputs)
     shared: tuple[str, ...] = ()
     if name.startswith("gpt2"):
         config = transformers.GPT2Config(n_layer=layers, n_embd=width, n_head=heads, n_positions=max(seq, 1024),
                                          use_cache=False, **common)
-        model = transformers.GPT2LMHeadModel(config)
+        with place:
+            model = transformers.GPT2LMHeadModel(config)
     elif name == "bert":
         config = transformers.BertConfig(num_hidden_layers=layers, hidden_size=width, num_attention_heads=heads,
                                          intermediate_size=4 * width, max_position_embeddings=max(seq, 512), **common)
-        model = transformers.BertForMaskedLM(config)
+        with place:
+            model = transformers.BertForMaskedLM(config)
     elif name == "llama":
         config = transformers.LlamaConfig(num_hidden_layers=layers, hidden_size=width, num_attention_heads=heads,
-                                          num_key_value_heads=heads, intermediate_size=4 * width,
-                                          max_position_embeddings=max(seq, 2048), vocab_size=32000, use_cache=False,
-                                          **common)
-        model = transformers.LlamaForCausalLM(config)
+                                          num_key_value_heads=cfg["kv_heads"] or heads,
+                                          intermediate_size=cfg["ffn"] or 4 * width,
+                                          max_position_embeddings=max(seq, 2048), vocab_size=cfg["vocab"],
+                                          use_cache=False, **common)
+        with place:
+            model = transformers.LlamaForCausalLM(config)
     else:  # vit
         config = transformers.ViTConfig(num_hidden_layers=layers, hidden_size=width, num_attention_heads=heads,
                                         intermediate_size=4 * width, image_size=224, patch_size=16, **common)
-        model = transformers.ViTForImageClassification(config)
+        with place:
+            model = transformers.ViTForImageClassification(config)
+        if dtype is not None:
+            model = model.to(dtype)
         x = (torch.empty(batch, 3, 224, 224, device="meta") if meta_inputs
              else torch.rand(batch, 3, 224, 224, generator=gen))
         return Workload(f"transformers:{name}", model, (x,))
+    if dtype is not None:
+        model = model.to(dtype)
     vocab = config.vocab_size
     if meta_inputs:
         ids = torch.empty(batch, seq, dtype=torch.long, device=device)
@@ -181,23 +196,32 @@ def _factory(module: str, attr: str, batch: int) -> Workload:
     return Workload(f"{module}:{attr}", model, tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,))
 
 
-def build(spec: str = DEFAULT_SPEC, batch: int = 4, *, meta_inputs: bool = False, seed: int = 0) -> Workload:
+def build(spec: str = DEFAULT_SPEC, batch: int = 4, *, meta_inputs: bool = False, seed: int = 0,
+          dtype: torch.dtype | None = None, meta_model: bool = False) -> Workload:
     """Build the model a spec names, with example inputs of batch size ``batch``.
 
     ``meta_inputs=True`` puts the inputs on the meta device (for profiling big batches with no
-    memory); the model itself is always a normal CPU model with random weights.
+    memory).  ``meta_model=True`` builds a transformers model on the meta device too (inputs on
+    meta: planning a 7B-70B shape needs no memory); other models are normal CPU models with random
+    weights.  ``dtype``: the model's parameters (e.g. torch.bfloat16).
     """
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch must be a positive integer, got {batch!r}")
     parsed = parse_spec(spec)
     torch.manual_seed(seed)
+    if parsed.kind == "transformers":
+        return _transformers(parsed.name, batch, meta_inputs or meta_model, parsed.options, dtype, meta_model)
     if parsed.kind == "mlp":
         model = ResidualMLP()
         shape = (batch, 256, 512)  # 256 tokens per sample, so activations matter as in a transformer
         x = torch.empty(shape, device="meta") if meta_inputs else torch.randn(shape)
-        return Workload("mlp", model, (x,))
-    if parsed.kind == "torchvision":
-        return _torchvision(parsed.name, batch, meta_inputs)
-    if parsed.kind == "transformers":
-        return _transformers(parsed.name, batch, meta_inputs, parsed.options)
-    return _factory(parsed.module, parsed.name, batch)
+        work = Workload("mlp", model, (x,))
+    elif parsed.kind == "torchvision":
+        work = _torchvision(parsed.name, batch, meta_inputs)
+    else:
+        work = _factory(parsed.module, parsed.name, batch)
+    if dtype is not None:
+        work.model = work.model.to(dtype)
+        work.inputs = tuple(x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                            for x in work.inputs)
+    return work
