@@ -4,6 +4,7 @@ import re
 
 import pytest
 
+import remat
 from remat.cli import main
 
 
@@ -91,3 +92,62 @@ def test_an_infeasible_fraction_offers_the_floor_and_min_plans_there(run_remat):
     done = run_remat("plan", "mlp", "--batch", "2", "--budget", "min")
     assert done.returncode == 0, done.stderr
     assert "(fits)" in done.stdout and "unconstrained " in done.stdout and ": the graph cut into" in done.stdout
+
+
+_FACTORY = '''
+import torch
+from remat.zoo import ResidualMLP
+
+
+def factory(batch=4):
+    torch.manual_seed(0)
+    return ResidualMLP(width=64, depth=8, p=0.0), (torch.randn(batch, 64, 64),)
+'''
+
+
+@pytest.mark.slow
+def test_a_budget_just_above_the_verified_floor_plans(run_remat, tmp_path):
+    """The CLI refused budgets that fit: its early check took the stage model's least-memory plan
+    for a floor, and that over-estimates what the generated module needs (this factory: refused
+    below 0.206 of the span, plans from 0.168).  Only the bound, a true lower bound, refuses early."""
+    (tmp_path / "deep.py").write_text(_FACTORY)
+    import sys
+
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from deep import factory
+    finally:
+        sys.path.remove(str(tmp_path))
+    model, inputs = factory()
+    with pytest.raises(remat.InfeasibleBudget) as info:
+        remat.checkpoint(model, inputs, budget=0.01)
+    budget = f"{min(1.0, info.value.min_fraction + 0.002):.3f}"
+    done = run_remat("plan", "deep:factory", "--budget", budget, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "(fits)" in done.stdout
+
+
+@pytest.mark.slow
+def test_the_default_budget_plans_where_half_is_out_of_reach_and_says_so(run_remat):
+    done = run_remat("plan", "transformers:gpt2:layers=2,width=64,heads=2,seq=64", "--batch", "2")
+    assert done.returncode == 0, done.stderr
+    assert "the default budget, 50%" in done.stdout and "planning at the smallest budget that fits" in done.stdout
+    assert "(fits)" in done.stdout
+
+
+def test_a_bare_number_asks_for_a_percentage_before_anything_is_traced(run_remat):
+    import time
+
+    start = time.perf_counter()
+    done = run_remat("plan", "torchvision:resnet50", "--budget", "50")
+    assert done.returncode == 2 and "did you mean 50%" in done.stderr
+    assert "Traceback" not in done.stderr and time.perf_counter() - start < 30  # no model was built
+    done = run_remat("--version")
+    assert done.returncode == 0 and done.stdout.startswith("remat ") and "torch" in done.stdout
+
+
+def test_solver_none_plans_without_a_budget_and_explains_one(capsys):
+    assert main(["plan", "mlp", "--batch", "1", "--solver", "none", "-q"]) == 0
+    assert "solver none" in capsys.readouterr().out
+    assert main(["plan", "mlp", "--batch", "1", "--solver", "none", "--budget", "0.5", "-q"]) == 1
+    assert "budget 1.0" in capsys.readouterr().err

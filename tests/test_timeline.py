@@ -92,7 +92,7 @@ def test_the_pareto_plot_keeps_none_on_top_and_draws_the_bounds():
     labels = [line.get_label() for line in ax.get_lines()]
     assert "rotor, measured" in labels
     assert any(label.startswith("budget: 130.00 MiB") for label in labels)
-    assert any(label.startswith("rotor's floor: 108.00 MiB") for label in labels)
+    assert any(label.startswith("rotor's smallest budget: 108.00 MiB") for label in labels)
     assert any(label.startswith("fixed") for label in labels)
 
 

@@ -51,6 +51,14 @@ def _fraction(value: float, text: object) -> Budget:
     return Budget(fraction=float(value))
 
 
+def _percent_or_bytes(value: int, text: object) -> None:
+    """A bare number from 2 to 100 is far more likely a percentage than a budget of that many bytes
+    (no training step fits in 100 bytes): ask instead of planning for it."""
+    if 1 < value <= 100:
+        raise ValueError(f"budget {text!r} would be {value} bytes: did you mean {value}% ('{value}%', or "
+                         f"{value / 100:g})? Write '{value}B' for bytes")
+
+
 def parse_budget(budget: int | float | str) -> Budget:
     """Parse a user budget; every value that makes no sense is a ValueError saying why."""
     if isinstance(budget, bool) or budget is None:
@@ -59,6 +67,7 @@ def parse_budget(budget: int | float | str) -> Budget:
     if isinstance(budget, int):
         if budget <= 0:
             raise ValueError(f"budget {budget} bytes must be positive (or a fraction such as 0.5, or 'min')")
+        _percent_or_bytes(budget, budget)
         return Budget(bytes=budget)
     if isinstance(budget, float):
         return _fraction(budget, budget)
@@ -77,6 +86,8 @@ def parse_budget(budget: int | float | str) -> Budget:
         if text.lower() in ("nan", "inf", "-inf", "infinity"):
             raise ValueError(f"budget {budget!r} is not a finite number")
         value = parse_bytes(text)
+        if text.isdigit():
+            _percent_or_bytes(value, budget)
         if value <= 0:
             raise ValueError(f"budget {budget!r} must be positive: bytes, a size ('2GiB'), a fraction ('50%', "
                              "'0.5') or 'min'")

@@ -67,6 +67,19 @@ def _dtype(text: str) -> str:
     return _DTYPES[key]
 
 
+def _version() -> str:
+    """remat's version and the torch it would run with, without importing torch."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from . import __version__
+
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:  # pragma: no cover - remat needs torch installed
+        torch_version = "not installed"
+    return f"remat {__version__} (torch {torch_version})"
+
+
 # --- the parser -------------------------------------------------------------------------------------
 def _common() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
@@ -99,6 +112,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="remat", description=__doc__.split("\n", 1)[0],
                      epilog="remat COMMAND --help shows a command's options; docs/design.md says how remat works")
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = [_common()]
 
@@ -123,9 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Plan where to checkpoint so one training step fits the budget; show the plan, "
                                    "and optionally measure it, write its code, save it or draw its memory.")
     _add_model_args(p)
-    p.add_argument("--budget", default=parse_budget("50%"), type=_budget,
+    p.add_argument("--budget", default=None, type=_budget,
                    help="bytes, a size ('2GiB', '800MB'), a fraction of what checkpointing can save ('50%%', "
-                        "'0.5': fixed + f x (unconstrained - fixed)), or 'min' (the smallest that fits); default 50%%")
+                        "'0.5': fixed + f x (unconstrained - fixed)), or 'min' (the smallest that fits); default: "
+                        "50%% for a solver that plans under a budget, or the smallest budget that fits when 50%% is "
+                        "below it (the plan says which); none for the others")
     p.add_argument("--solver", default="rotor", choices=list(SOLVERS), metavar="NAME",
                    help="how to choose the regions (default rotor): "
                         + "; ".join(f"{name}: {s.help}" for name, s in SOLVERS.items()))

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from . import progress
-from .budget import Budget
+from .budget import Budget, parse_budget
 from .solvers.registry import SOLVERS
 
 __all__ = ["cmd_flops", "cmd_profile", "cmd_plan", "cmd_sweep", "PROFILE_COLUMNS"]
@@ -93,20 +93,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _early_floor(problem: Any, solver_name: str, slots: int) -> int | None:
-    """The solver's floor under the stage model, less what its memory slots may round away: no
-    verified plan lies below it (the planner's own floor search starts there).  None without one."""
-    from .planner import model_floor
-    from .solvers.registry import SolveSettings, get_solver
-
-    solver = get_solver(solver_name)
-    if not solver.budgeted or solver.least is None:
-        return None
-    with progress.step("floor"):
-        floor = model_floor(problem, solver, SolveSettings(slots=slots))
-    return floor - 2 * max(1, problem.unconstrained - problem.resident) // slots
-
-
 def _below_floor(work: Any, args: argparse.Namespace, budget_bytes: int, floor: int, fixed: int,
                  unconstrained: int, verified: bool) -> str:
     """The one line the CLI prints when the budget is below what checkpointing reaches."""
@@ -121,9 +107,9 @@ def _below_floor(work: Any, args: argparse.Namespace, budget_bytes: int, floor: 
                 "parameters and their gradients, or inside one op or node no checkpoint splits), so no plan lowers "
                 "it; run with --budget 1.0 (the step as it is), or a larger batch")
     head = f"budget {shown} ({fmt_bytes(budget_bytes)}) is below what checkpointing can reach for {where}: "
-    if not verified:  # the stage model's floor: no plan lies below it, the verified one may lie a little above
-        return (head + f"the smallest feasible budget is at least {fraction:.3f} ({fmt_bytes(floor)}); run with "
-                "--budget min to plan at the smallest one")
+    if not verified:  # the bound: no plan lies below it, the verified floor lies above
+        return (head + f"no checkpointing of this model's code goes below {fraction:.3f} ({fmt_bytes(floor)}), and "
+                "remat's smallest plan lies above that; run with --budget min to plan at the smallest one")
     rounded = min(1.0, int(fraction * 1000 + 1) / 1000)
     return (head + f"the smallest feasible budget is {fraction:.3f} ({fmt_bytes(floor)}); run with --budget "
             f"{rounded:g} or --budget min")
@@ -142,7 +128,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
                          "(see benchmarks/fsdp.py for a 2-process measurement)")
     if args.sharding and args.timeline:
         raise ValueError("--timeline draws one unsharded step; plan without --sharding to see it")
-    if args.budget.minimum and not solver.budgeted:
+    chosen = args.budget is None  # the default: 50%, or the floor where 50% is below it (said so)
+    args.budget = (parse_budget("50%") if solver.budgeted else None) if chosen else args.budget
+    if args.budget is not None and args.budget.minimum and not solver.budgeted:
         raise ValueError(f"--budget min needs a solver that plans under a budget "
                          f"({', '.join(n for n, s in SOLVERS.items() if s.budgeted)}), not {args.solver}")
     _needs_matplotlib("--timeline", args.timeline)
@@ -151,24 +139,42 @@ def cmd_plan(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     problem = prepare(work.model, work.inputs, work.kwargs, work.shared_inputs,
                       world_size=args.world_size, sharding=args.sharding, device=args.device)
-    budget: Budget = args.budget  # a fixed solver's plan is checked against it too
+    budget: Budget | None = args.budget  # a fixed solver's plan is checked against it too
     if solver.budgeted and not budget.minimum:
+        # Refused before solving only under the bound no checkpointing goes below (the profile's
+        # own, a true lower bound); above it the planner finds the verified floor itself.  (The
+        # stage model's least-memory plan is no such bound: it over-estimates what the generated
+        # module needs, and refused a factory model at 0.51 that plans at 0.49.)
         budget_bytes = budget.resolve(problem.fixed, problem.unconstrained)
-        floor = _early_floor(problem, args.solver, args.slots) if budget_bytes < problem.unconstrained else None
-        log.debug("budget %d bytes, early floor %s", budget_bytes, floor)
-        if floor is not None and budget_bytes < floor:
-            raise InfeasibleBudget(_below_floor(work, args, budget_bytes, floor, problem.fixed, problem.unconstrained,
-                                                verified=False))
+        bound = problem.bound.bytes if problem.bound is not None else None
+        log.debug("budget %d bytes, bound %s", budget_bytes, bound)
+        if bound is not None and budget_bytes < bound:
+            if not chosen:
+                raise InfeasibleBudget(_below_floor(work, args, budget_bytes, bound, problem.fixed,
+                                                    problem.unconstrained, verified=False))
+            print(f"the default budget, 50% ({fmt_bytes(budget_bytes)}), is below what any checkpointing reaches for "
+                  f"{work.name} at batch {args.batch}; planning at the smallest budget that fits (--budget min); "
+                  "--budget chooses another\n")
+            budget = parse_budget("min")
     settings = SolveSettings(slots=args.slots)
     try:
         with progress.step("plan", f"{args.solver}, budget {budget}"):
             gm, plan = plan_problem(problem, args.solver, budget, settings)
     except InfeasibleBudget as e:
-        if e.min_bytes is None or budget.minimum or not solver.budgeted:
+        if e.min_bytes is None or budget is None or budget.minimum or not solver.budgeted:
             raise
         budget_bytes = budget.resolve(problem.fixed, problem.unconstrained)
-        raise InfeasibleBudget(_below_floor(work, args, budget_bytes, e.min_bytes, problem.fixed,
-                                            problem.unconstrained, verified=True), e.min_bytes, e.min_fraction) from None
+        if not chosen:
+            raise InfeasibleBudget(_below_floor(work, args, budget_bytes, e.min_bytes, problem.fixed,
+                                                problem.unconstrained, verified=True), e.min_bytes,
+                                   e.min_fraction) from None
+        # the default budget is below what checkpointing reaches here: plan at the floor, and say so
+        print(f"the default budget, 50% ({fmt_bytes(budget_bytes)}), is below what checkpointing reaches for "
+              f"{work.name} at batch {args.batch}; planning at the smallest budget that fits, {e.min_fraction:.3f} "
+              f"({fmt_bytes(e.min_bytes)}); --budget chooses another\n")
+        budget = parse_budget(int(e.min_bytes))
+        with progress.step("plan", f"{args.solver}, budget {budget}"):
+            gm, plan = plan_problem(problem, args.solver, budget, settings)
     print(f"{work.name}  batch {args.batch}  traced with {problem.profile.frontend}; unconstrained peak "
           f"{fmt_bytes(problem.unconstrained)}, fixed {fmt_bytes(problem.fixed)}; planned in "
           f"{time.perf_counter() - start:.1f} s\n")

@@ -10,7 +10,7 @@ import torch
 from . import progress as _progress
 from .budget import Budget
 from .errors import InfeasibleBudget
-from .planner import model_floor, plan_problem, prepare
+from .planner import plan_problem, prepare, smallest_budget
 from .solvers.registry import SOLVERS, get_solver
 from .units import fmt_bytes
 
@@ -80,7 +80,7 @@ def _sweep(model: torch.nn.Module, args: tuple, kwargs: dict | None, shared_inpu
            points: int, solvers: tuple[str, ...], measure: bool, device: str | torch.device | None) -> Sweep:
     problem = prepare(model, args, kwargs, shared_inputs, device=device)
     span = max(1, problem.unconstrained - problem.fixed)
-    low = max(0.0, (model_floor(problem, get_solver("rotor")) - problem.fixed) / span)
+    low = max(0.0, (smallest_budget(problem, get_solver("rotor"))[0] - problem.fixed) / span)
     fractions = [min(1.0, low + (1.0 - low) * i / max(points - 1, 1)) for i in range(points)]
     jobs: list[tuple[str, float | None]] = [(s, f) for s in solvers if get_solver(s).budgeted for f in fractions]
     jobs += [(s, None) for s in solvers if not get_solver(s).budgeted]
@@ -134,7 +134,7 @@ def draw_pareto(rows: "Sweep | list[SweepRow]", path: str, title: str = "", *, b
 def pareto_figure(rows: "Sweep | list[SweepRow]", title: str = "", *, budget_bytes: int | None = None,
                   floor_bytes: int | None = None, fixed_bytes: int | None = None) -> Any:
     """Peak memory vs recompute FLOPs, one series per solver; measured peaks (hollow markers) where
-    the rows have them; vertical lines at the budget, rotor's floor and the fixed bytes (taken from
+    the rows have them; vertical lines at the budget, rotor's smallest budget and the fixed bytes (taken from
     a ``Sweep`` unless given).  The "none" point is drawn last and on top, so others never hide it."""
     try:
         import matplotlib
@@ -167,7 +167,7 @@ def pareto_figure(rows: "Sweep | list[SweepRow]", title: str = "", *, budget_byt
             ax.plot([p[0] for p in real], [p[1] for p in real], fmt[0], mfc="none", ms=style["ms"] + 4,
                     color=style.get("color"), zorder=style.get("zorder", 2),
                     label=f"{solver}, measured")
-    for value, label, line in ((budget_bytes, "budget", "-"), (floor_bytes, "rotor's floor", "--"),
+    for value, label, line in ((budget_bytes, "budget", "-"), (floor_bytes, "rotor's smallest budget", "--"),
                                (fixed_bytes, "fixed (parameters, inputs, gradients)", ":")):
         if value is not None:
             ax.axvline(value / mib, color="gray", ls=line, lw=1.2, label=f"{label}: {fmt_bytes(value)}")

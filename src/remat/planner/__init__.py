@@ -19,9 +19,9 @@ from ..solvers.model import ChainModel, recompute_flops, recompute_time
 from ..solvers.registry import Solver, SolveSettings, get_solver
 from .errors import fixed_plan_too_big, infeasible
 from .problem import Granularity, Problem, coarsen, prepare
-from .search import Candidate, NoFit, SelectiveReplay, apply_regions, find_plan, model_floor, smallest_budget
+from .search import Candidate, NoFit, SelectiveReplay, apply_regions, find_plan, smallest_budget
 
-__all__ = ["Candidate", "Granularity", "Problem", "apply_regions", "coarsen", "model_floor", "plan_problem",
+__all__ = ["Candidate", "Granularity", "Problem", "apply_regions", "coarsen", "plan_problem",
            "prepare", "smallest_budget"]
 
 

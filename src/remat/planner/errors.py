@@ -51,8 +51,10 @@ def fixed_plan_too_big(problem: Problem, budget_bytes: int, solver: str, peak: i
     """A fixed plan (every-stage, chen-sqrtn) is over the budget; say what it needs."""
     need = problem.margin.budget_for(peak) if peak else problem.unconstrained
     fraction = (need - problem.fixed) / max(1, problem.unconstrained - problem.fixed)
+    what = ("solver 'none' checkpoints nothing: its plan is the step as the model runs it, budget 1.0; it "
+            if solver == "none" else f"the {solver} plan ")
     return InfeasibleBudget(
-        f"the {solver} plan does not fit a budget of {budget_bytes} bytes ({fmt_bytes(budget_bytes)}): its "
+        f"{what}does not fit a budget of {budget_bytes} bytes ({fmt_bytes(budget_bytes)}): its "
         f"predicted peak is {fmt_bytes(peak or 0)}, so it needs {need} bytes (a fraction of {fraction:.3f}); "
         f"solver='rotor' finds the least recomputation under a budget", need, fraction,
         problem.bound.bytes if problem.bound else None)

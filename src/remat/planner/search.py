@@ -20,7 +20,7 @@ from ..solvers.model import ChainModel, evaluate, recompute_time
 from ..solvers.registry import Solver, SolveSettings
 from .problem import Granularity, Problem
 
-__all__ = ["Candidate", "NoFit", "SelectiveReplay", "apply_regions", "smallest_budget", "solve_regions", "model_floor", "find_plan"]
+__all__ = ["Candidate", "NoFit", "SelectiveReplay", "apply_regions", "smallest_budget", "solve_regions", "find_plan"]
 
 # Attempts of solve -> generate -> verify at one budget; each tightens the limit by at least the
 # stage model's error on the failed plan, and in practice the second attempt passes.
@@ -113,14 +113,6 @@ def solve_regions(problem: Problem, solver: Solver, limit: int,
         if best is None or work < best[0]:
             best = (work, level, regions)
     return None if best is None else (best[1], best[2])
-
-
-def model_floor(problem: Problem, solver: Solver, settings: SolveSettings = SolveSettings()) -> int:
-    """The smallest absolute budget ``solver``'s least-memory plan fits under the stage model
-    (rotor: the DP optimum; chen-greedy: its best candidate), before any verification."""
-    need = [evaluate(level.model, least_regions(problem, solver, level, settings)).peak
-            for level in problem.levels.values()]
-    return problem.resident + min(need)
 
 
 def least_regions(problem: Problem, solver: Solver, level: Granularity,
