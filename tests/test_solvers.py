@@ -342,3 +342,18 @@ def test_a_selective_plan_torch_cannot_replay_is_planned_again_without_selective
     assert any(issubclass(w.category, remat.RematWarning) and "selective" in str(w.message) for w in caught)
     assert gm.remat_plan.regions and 'save="compute"' not in gm.code
     assert remat.measure_peak(gm, inputs) <= gm.remat_plan.budget_bytes
+
+
+def test_regions_are_named_by_the_modules_they_cover():
+    """describe() named regions of torch.export traces by fx nodes ("_assert_tensor_metadata_default_3
+    .. mul_4"); both frontends record each op's module, and regions are shown by the blocks they cover."""
+    from remat.zoo import build
+
+    for spec, budget, prefix in (("mlp", 0.4, "blocks."), ("transformers:gpt2:layers=3,width=64,heads=2,seq=64", 0.8,
+                                                         "transformer.h.")):
+        work = build(spec, 2)
+        plan = remat.checkpoint(work.model, work.inputs, work.kwargs, budget=budget).remat_plan
+        lines = [line for line in plan.describe().splitlines() if "- checkpoint stages" in line]
+        assert lines and all(": " in line for line in lines)
+        assert any(prefix in line.split(": ", 1)[1] for line in lines), lines
+        assert not any("_assert_tensor_metadata" in line or "sym_size" in line for line in lines), lines

@@ -21,7 +21,7 @@ from torch import fx
 
 from .profiler.node import META_KEY, NodeProfile
 
-__all__ = ["Stage", "Chain", "linearize", "MIN_STAGE_FLOPS"]
+__all__ = ["Stage", "Chain", "linearize", "MIN_STAGE_FLOPS", "module_path", "stage_modules"]
 
 # A stage with no arithmetic (a view, a flatten) still costs time to run: counted as 1 FLOP, so
 # the solvers never see recomputing it as free (a free stage would be recomputed for any saving).
@@ -86,6 +86,27 @@ class Chain:
             lines.append(f"{s.index:>5} {len(s.nodes):>5}  {s.nodes[0][:27]:<28}{s.nodes[-1][:27]:<28}"
                          f"{fmt_flops(s.fwd_flops):>12}{fmt_bytes(s.x):>10}{fmt_bytes(s.xbar):>10}")
         return "\n".join(lines)
+
+
+def module_path(node: fx.Node) -> str | None:
+    """The innermost module a node's op belongs to ("transformer.h.2.attn"), as both tracers record
+    it (``nn_module_stack``); "" for the model's own top-level code, None when not recorded."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None
+    paths = [path for path, _ in stack.values() if isinstance(path, str) and not path.startswith("_empty_nn_module")]
+    return paths[-1] if paths else ""
+
+
+def stage_modules(gm: fx.GraphModule, chain: "Chain") -> list[tuple[str, str]]:
+    """Per stage, the module paths of its first and last node that has one (for people: regions
+    are named by the modules they cover, not by fx's node names)."""
+    nodes = list(gm.graph.nodes)
+    out = []
+    for stage in chain.stages:
+        paths = [p for p in (module_path(n) for n in nodes[stage.first:stage.last + 1]) if p is not None]
+        out.append((paths[0], paths[-1]) if paths else ("", ""))
+    return out
 
 
 def _profile_of(node: fx.Node) -> NodeProfile:

@@ -13,6 +13,7 @@ from dataclasses import replace
 from torch import fx
 
 from ..budget import Budget
+from ..chain import stage_modules
 from ..errors import RematWarning
 from ..solvers.base import Plan
 from ..solvers.model import ChainModel, recompute_flops, recompute_time
@@ -105,7 +106,8 @@ def _result(problem: Problem, solver: Solver, found: Candidate, budget_bytes: in
                   "user_checkpoints_kept": found.module is problem.baseline} if problem.user_regions else {}),
               **({"world_size": problem.shard.world_size, "sharding": "fsdp"} if problem.shard else {}),
               **({"bound_bytes": problem.bound.bytes, "bound_reason": problem.bound.reason} if problem.bound else {}),
-              **_refused(found.level)},
+              **_refused(found.level),
+              "stage_modules": [list(pair) for pair in stage_modules(problem.gm, found.level.chain)]},
     )
     found.module.remat_plan = plan
     return found.module, plan

@@ -57,6 +57,30 @@ def validate_regions(regions: tuple[Region, ...] | list[Region], n_stages: int) 
         prev = r.stop
 
 
+def _block(path: str) -> str:
+    """A module path up to its first index into a list of blocks ("transformer.h.3.attn" ->
+    "transformer.h.3"); the whole path when it has none."""
+    parts = path.split(".") if path else []
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[:i + 1])
+    return path
+
+
+def _span(first: str, last: str) -> tuple[str, str]:
+    """How a region's first and last module are shown: the blocks they are in ("transformer.h.2" ..
+    "transformer.h.4"), or inside one block, the paths one level below what they share;
+    "(model)" for the model's own top-level code."""
+    a, b = _block(first), _block(last)
+    if a != b:
+        return a or "(model)", b or "(model)"
+    pa, pb = first.split(".") if first else [], last.split(".") if last else []
+    common = 0
+    while common < min(len(pa), len(pb)) and pa[common] == pb[common]:
+        common += 1
+    return ".".join(pa[:common + 1]) or "(model)", ".".join(pb[:common + 1]) or "(model)"
+
+
 # what a chain's granularity means, for describe()
 _LEVELS = {
     "blocks": "the graph cut into consecutive pieces where no skip connection crosses a cut",
@@ -137,11 +161,17 @@ class Plan:
         if not self.regions and not (users and self.info.get("user_checkpoints_kept")):
             lines.append("no checkpointing")
 
+        modules = self.info.get("stage_modules")
+
         def walk(regions: tuple[Region, ...], depth: int) -> None:
             for r in regions:
-                first, last = self.stages[r.start][0], self.stages[r.stop - 1][-1]
+                if modules and len(modules) == len(self.stages):
+                    first, last = _span(modules[r.start][0], modules[r.stop - 1][1])
+                else:  # plans saved before module paths were recorded: fx's node names
+                    first, last = self.stages[r.start][0], self.stages[r.stop - 1][-1]
                 how = ", keeping matmul/conv/attention outputs" if r.policy == SAVE_COMPUTE else ""
-                lines.append(f"{'  ' * depth}- checkpoint stages {r.start}..{r.stop - 1}{how}: {first} .. {last}")
+                covers = first if first == last else f"{first} .. {last}"
+                lines.append(f"{'  ' * depth}- checkpoint stages {r.start}..{r.stop - 1}{how}: {covers}")
                 walk(r.children, depth + 1)
 
         walk(tuple(self.regions), 1)
