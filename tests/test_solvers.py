@@ -349,7 +349,7 @@ def test_regions_are_named_by_the_modules_they_cover():
     .. mul_4"); both frontends record each op's module, and regions are shown by the blocks they cover."""
     from remat.zoo import build
 
-    for spec, budget, prefix in (("mlp", 0.4, "blocks."), ("transformers:gpt2:layers=3,width=64,heads=2,seq=64", 0.8,
+    for spec, budget, prefix in (("mlp", 0.4, "blocks."), ("transformers:gpt2:layers=3,width=64,heads=2,seq=64", "min",
                                                          "transformer.h.")):
         work = build(spec, 2)
         plan = remat.checkpoint(work.model, work.inputs, work.kwargs, budget=budget).remat_plan
