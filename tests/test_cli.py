@@ -151,3 +151,13 @@ def test_solver_none_plans_without_a_budget_and_explains_one(capsys):
     assert "solver none" in capsys.readouterr().out
     assert main(["plan", "mlp", "--batch", "1", "--solver", "none", "--budget", "0.5", "-q"]) == 1
     assert "budget 1.0" in capsys.readouterr().err
+
+
+def test_output_says_what_was_built_and_where_numbers_come_from(capsys):
+    assert main(["profile", "transformers:gpt2:layers=1,width=64,heads=2,seq=32", "--batch", "1", "--top", "2",
+                 "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "(GPT-2, 1 layers x 64 wide, 2 heads" in out and "seq 32" in out
+    assert "kernel scratch: bounded by remat's rules (inputs on meta" in out
+    assert main(["profile", "mlp", "--batch", "1", "--top", "2", "--measure", "-q"]) == 0
+    assert "kernel scratch: measured on this CPU" in capsys.readouterr().out

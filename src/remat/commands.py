@@ -66,7 +66,7 @@ def cmd_flops(args: argparse.Namespace) -> int:
     with progress.step("count FLOPs"):
         count = count_flops(work.model, work.inputs, work.kwargs)
     elapsed = time.perf_counter() - start
-    print(f"{work.name}  batch {args.batch}  (counted on fake tensors in {elapsed:.2f} s)\n")
+    print(f"{work.title}  batch {args.batch}  (counted on fake tensors in {elapsed:.2f} s)\n")
     print(count.table(top=args.top))
     return 0
 
@@ -80,8 +80,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
     work = _build(args, meta_inputs=not args.measure)
     prof = profile(work.model, work.inputs, work.kwargs, device=args.device)
     on = f" for {args.device}" if args.device else ""
-    print(f"{work.name}  batch {args.batch}  traced with {prof.frontend}, profiled{on} on fake tensors "
-          f"in {prof.profile_seconds:.2f} s\n")
+    print(f"{work.title}  batch {args.batch}  traced with {prof.frontend}, profiled{on} on fake tensors "
+          f"in {prof.profile_seconds:.2f} s")
+    if args.device == "cuda":
+        print("kernel scratch: bounded by remat's CUDA rules (no GPU kernels run here)\n")
+    elif args.measure:
+        print("kernel scratch: measured on this CPU, op signature by op signature (real inputs)\n")
+    else:
+        print("kernel scratch: bounded by remat's rules (inputs on meta: no kernel runs; --measure profiles real "
+              "inputs, measures the kernels, and predicts a little lower)\n")
     print(prof.table(top=args.top))
     if args.measure:
         with progress.step("measure"):
@@ -175,7 +182,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         budget = parse_budget(int(e.min_bytes))
         with progress.step("plan", f"{args.solver}, budget {budget}"):
             gm, plan = plan_problem(problem, args.solver, budget, settings)
-    print(f"{work.name}  batch {args.batch}  traced with {problem.profile.frontend}; unconstrained peak "
+    print(f"{work.title}  batch {args.batch}  traced with {problem.profile.frontend}; unconstrained peak "
           f"{fmt_bytes(problem.unconstrained)}, fixed {fmt_bytes(problem.fixed)}; planned in "
           f"{time.perf_counter() - start:.1f} s\n")
     print(plan.describe())

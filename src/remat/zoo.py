@@ -35,6 +35,11 @@ class Workload:
     inputs: tuple[Any, ...]
     shared_inputs: tuple[str, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+    about: str = ""  # what the spec built, for people ("GPT-2, 4 layers x 256 wide, ...")
+
+    @property
+    def title(self) -> str:
+        return f"{self.name} ({self.about})" if self.about else self.name
 
 
 class ResidualMLP(nn.Module):
@@ -145,7 +150,7 @@ def _transformers(name: str, batch: int, meta_inputs: bool, opts: dict[str, str]
             model = model.to(dtype)
         x = (torch.empty(batch, 3, 224, 224, device="meta") if meta_inputs
              else torch.rand(batch, 3, 224, 224, generator=gen))
-        return Workload(f"transformers:{name}", model, (x,))
+        return Workload(f"transformers:{name}", model, (x,), about=_about(name, cfg, config, dtype, on_meta))
     if dtype is not None:
         model = model.to(dtype)
     vocab = config.vocab_size
@@ -158,7 +163,16 @@ def _transformers(name: str, batch: int, meta_inputs: bool, opts: dict[str, str]
         mask = torch.ones(batch, seq, dtype=torch.long, device=device)
         inputs = (ids, mask)
         shared = ("attention_mask",)
-    return Workload(f"transformers:{name}", model, inputs, shared)
+    return Workload(f"transformers:{name}", model, inputs, shared, about=_about(name, cfg, config, dtype, on_meta))
+
+
+def _about(name: str, cfg: dict[str, int], config: Any, dtype: torch.dtype | None, on_meta: bool) -> str:
+    kind = {"gpt2": "GPT-2", "gpt2-medium": "GPT-2", "bert": "BERT", "llama": "Llama", "vit": "ViT"}[name]
+    seq = f", seq {cfg['seq']}" if name != "vit" else ", 224 px"
+    ffn = getattr(config, "intermediate_size", None) or 4 * cfg["width"]
+    extra = f", {str(dtype)[6:]}" if dtype is not None else ""
+    return (f"{kind}, {cfg['layers']} layers x {cfg['width']} wide, {cfg['heads']} heads, ffn {ffn}{seq}, vocab "
+            f"{getattr(config, 'vocab_size', 0)}{extra}{', built on meta' if on_meta else ''}, random weights")
 
 
 def _load_factory(module: str, attr: str) -> Any:
