@@ -161,3 +161,15 @@ def test_output_says_what_was_built_and_where_numbers_come_from(capsys):
     assert "kernel scratch: bounded by remat's rules (inputs on meta" in out
     assert main(["profile", "mlp", "--batch", "1", "--top", "2", "--measure", "-q"]) == 0
     assert "kernel scratch: measured on this CPU" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_same_plan_with_a_cleared_and_a_warm_cache(run_remat, tmp_path):
+    """Plans depend on op times measured on this machine and cached on disk (REMAT_CACHE_DIR):
+    planned with an empty cache and again with the cache that run filled, the regions are the same."""
+    runs = [run_remat("plan", "mlp", "--batch", "2", "-q", REMAT_CACHE_DIR=str(tmp_path / "cache")) for _ in range(2)]
+    assert all(done.returncode == 0 for done in runs), runs[0].stderr
+    regions = [[line for line in done.stdout.splitlines() if "checkpoint stages" in line] for done in runs]
+    assert regions[0] and regions[0] == regions[1]
+    measured = [int(re.search(r"; (\d+) new op signatures measured", done.stdout).group(1)) for done in runs]
+    assert measured[0] > 0 and measured[1] == 0

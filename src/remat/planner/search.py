@@ -28,6 +28,8 @@ MAX_ATTEMPTS = 6
 # Each retry also tightens the limit by this share of it, so a plan the stage model misjudges is
 # not found again.
 TIGHTEN = 0.005
+# The share by which the fine chain's plan must recompute less than the block chain's to be chosen.
+LEVEL_TIE = 0.02
 
 
 @dataclass
@@ -110,7 +112,9 @@ def solve_regions(problem: Problem, solver: Solver, limit: int,
             continue
         regions = _expand(regions, level.groups)
         work = recompute_time(ChainModel.from_chain(level.chain), regions)
-        if best is None or work < best[0]:
+        # the finer chain only when it recomputes clearly less: near a tie, noise in measured op
+        # times would make the choice (and the whole plan) differ from one cache to the next
+        if best is None or work < best[0] * (1 - LEVEL_TIE):
             best = (work, level, regions)
     return None if best is None else (best[1], best[2])
 

@@ -41,7 +41,7 @@ from ..instrument import cpu_window
 from .dispatch import KernelMemory, RuleScratch, Target
 from .memory import tensors_in
 from .rules import MemoryRule, RuleContext
-from .timing import best_of
+from .timing import best_of, on_grid
 
 __all__ = ["ScratchCache", "Calibration", "signature", "cache_dir", "calibration_for"]
 
@@ -309,7 +309,8 @@ class Calibration:
             scratch = max(scratch, self._fallback.kernel(func, args, kwargs, out, rules, ctx).scratch)
         per_out = _larger_outputs(args, kwargs, out, sizes)
         return KernelMemory(scratch, max(0, held - _new_bytes(args, kwargs, out) - sum(per_out)),
-                            strides=tuple(None if st is None else tuple(st) for st in strides), seconds=seconds,
+                            strides=tuple(None if st is None else tuple(st) for st in strides),
+                            seconds=None if seconds is None else on_grid(seconds),
                             extra_per_out=per_out)
 
     def _estimate(self, func: Any, args: tuple, kwargs: dict, out: Any, rules: tuple[MemoryRule, ...],
