@@ -119,8 +119,16 @@ def shard_model(gm: fx.GraphModule, world_size: int, buffer_and_input_bytes: int
     # input, freed only when this one starts, and the next unit prefetched (all-gather input copy,
     # output buffer, the backend's per-rank outputs, the copied-out parameters): 4 * g2 + s2 again.
     # The root's reduce-scatter at the end of the backward: input and working copy, and the shard.
+    # Where each term comes from in torch 2.14's FSDP2 (torch/distributed/fsdp/_fully_shard/
+    # _fsdp_collectives.py): foreach_all_gather allocates the all-gather output (world_size x the
+    # padded shards: g) with the input as a view of it, then foreach_all_gather_copy_out makes the
+    # unsharded parameters (empty_like each: g) while the output is alive; foreach_reduce allocates
+    # reduce_scatter_input (g, the unsharded gradients copied in while they are alive: g) and
+    # reduce_output (s); gloo, which has no native reduce-scatter, works on a copy of its input (g).
     # Measured on resnet50 and a 12-block MLP over gloo (benchmarks/fsdp.py, tests/test_distributed.py):
-    # 3 * g + 2 * s was overrun by 0.5 MB in 1 of 6 runs; this bound was not in 12.
+    # 3 * g + 2 * s was overrun by 0.5 MB in 1 of 6 runs; this bound was not in 12, nor in 10 runs of
+    # tests/test_distributed.py's FSDP2 test (2 processes each) beside a fuzz soak loading both cores
+    # (load 3.9 on 2 cores, 2026-12-05): every process at most 0.841 of its budget.
     allowance = (4 * g1 + s1) + (4 * g2 + s2) + (2 * root_shard * world_size + root_shard)
     resident = buffer_and_input_bytes + sum(s for _, s in sizes.values()) + root_shard + root_full
     return ShardModel(world_size, tuple(units), resident, allowance, grad_shards, grad_saving)
