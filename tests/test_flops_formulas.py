@@ -103,3 +103,11 @@ def test_selection_counts_comparisons_along_its_dim_not_k():
     assert c.fwd_by_op["aten.kthvalue"] == 48 * 3  # 6 along dim 0: ceil(log2 6) = 3
     c = remat.count_flops(lambda t: torch.msort(t), (torch.randn(5, 3),))
     assert c.fwd_by_op == {"aten.sort": 15 * 3}  # msort runs sort along dim 0: 5 there
+
+
+def test_a_second_formula_for_one_op_is_refused():
+    """As torch's flop_counter: registering over an op's formula would silently change counts."""
+    from remat.profiler.registry import register
+
+    with pytest.raises(RuntimeError, match="already has a FLOP formula"):
+        register("mm", "a second mm formula", mac=True, group="test")(lambda *a: 0)

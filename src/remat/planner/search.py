@@ -57,6 +57,12 @@ class SelectiveReplay(Exception):
     fail on the real run too.  The planner then plans again without selective regions."""
 
 
+# What torch's selective checkpoint says when a recomputation does not replay its forward
+# (torch/utils/checkpoint.py: _CachedTorchDispatchMode); any other error is not a replay problem.
+_REPLAY_ERRORS = ("encountered during backward but not found in storage", "not found in storage",
+                  "selective activation checkpoint", "checkpointed region")
+
+
 def _selective(regions: tuple[Region, ...]) -> bool:
     return any(r.policy == SAVE_COMPUTE or _selective(r.children) for r in regions)
 
@@ -68,7 +74,7 @@ def _predict(problem: Problem, gm: fx.GraphModule, regions: tuple[Region, ...]) 
     except KeptOutputOverwritten as e:  # the profile refuses these regions: a guard, not a path
         raise SelectiveReplay(str(e)) from e
     except RuntimeError as e:
-        if not _selective(regions):
+        if not _selective(regions) or not any(m in str(e) for m in _REPLAY_ERRORS):
             raise
         raise SelectiveReplay(str(e).splitlines()[0] if str(e) else type(e).__name__) from e
 

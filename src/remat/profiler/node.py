@@ -194,8 +194,13 @@ class NodeProfiler(fx.Interpreter):
         self.current, self.tracker.owner = prof, n.name
         self._pending_saved = []
         before = self.tracker.mark()
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack), entered(n.meta.get(MODES_KEY, ())):
-            out = getattr(self, n.op)(n.target, args, kwargs)
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack), \
+                    entered(n.meta.get(MODES_KEY, ())):
+                out = getattr(self, n.op)(n.target, args, kwargs)
+        except Exception as e:  # as shape_prop does: say which node, keep the error
+            e.add_note(f"remat: while profiling node {n.name!r} ({n.op} {_target_name(n)})")
+            raise
         self.current, self.tracker.owner = None, None
         outs = _tensors(out)
         prof.tensor_out = bool(outs)

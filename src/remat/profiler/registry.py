@@ -58,6 +58,9 @@ def register(names: str | list[str], doc: str, *, mac: bool = False, group: str)
 
     def deco(fn: FormulaFn) -> FormulaFn:
         for packet in _packets(names):
+            if packet in REGISTRY:  # as torch's flop_counter: two formulas for one op is a bug
+                raise RuntimeError(f"{packet} already has a FLOP formula ({REGISTRY[packet].fn.__name__}); "
+                                   f"refusing to register {fn.__name__} over it")
             REGISTRY[packet] = Formula(fn, doc, mac, group)
         return fn
 
@@ -66,6 +69,8 @@ def register(names: str | list[str], doc: str, *, mac: bool = False, group: str)
 
 def register_zero(names: str | list[str], reason: str) -> None:
     for packet in _packets(names):
+        if packet in ZERO_COST or packet in REGISTRY:
+            raise RuntimeError(f"{packet} is already registered; refusing to declare it free of cost as well")
         ZERO_COST[packet] = reason
 
 
