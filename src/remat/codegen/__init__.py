@@ -1,6 +1,6 @@
 """Rewrite a traced GraphModule so each planned region runs under ``torch.utils.checkpoint``.
 
-The graph itself is unchanged; only its Python code is (``body.py``, a body transformer registered
+The graph itself is unchanged; only its Python code is (``trace/body.py``, a body transformer registered
 with ``Graph.on_generate_code``).  The result is a ``runtime.RematModule`` sharing the traced
 module's submodules and parameters under the same names; ``gm.code`` shows the regions.
 
@@ -31,7 +31,7 @@ from ..profiler.node import META_KEY
 from ..runtime import InputContract, RematModule
 from ..solvers.base import SAVE_COMPUTE, Region, validate_regions
 from ..trace.modes import MODES_KEY
-from .body import Layout, Nester, NodeRegion
+from ..trace.body import Layout, Nester, NodeRegion
 
 __all__ = ["NodeRegion", "build", "generate", "regions_from_stages"]
 

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 
+from ..cache import cache_dir
 from ..instrument import cpu_window
 from .dispatch import KernelMemory, RuleScratch, Target
 from .memory import tensors_in
@@ -83,10 +84,6 @@ FORMAT = 5
 # 24 ms (2.7 GFLOP/s on a machine measured at 39 GFLOP/s), a layer norm of 128k floats 12 ms.
 TIMED_RUNS = 3
 TIMED_BUDGET_S = 0.05  # ... fewer when one run already takes this long
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("REMAT_CACHE_DIR") or Path.home() / ".cache" / "remat")
 
 
 def _describe(x: Any) -> Any:

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from ..cache import cache_dir
+
 __all__ = ["Machine", "best_of", "machine", "roofline_seconds", "tensor_bytes", "on_grid", "GRID_STEPS"]
 
 # Measured times are noisy (a best of five runs on a shared machine moves by several percent from one
@@ -87,8 +89,6 @@ def machine(device: str, threads: int) -> Machine:
     """The machine numbers for ``device`` ("cpu": measured here once and cached on disk)."""
     if device != "cpu":
         return _NOMINAL.get(device, _NOMINAL["cuda"])
-    from .calibrate import cache_dir
-
     path = cache_dir() / f"machine-cpu-torch{torch.__version__}-threads{threads}.json".replace("+", "_")
     try:
         return Machine(**json.loads(path.read_text()))

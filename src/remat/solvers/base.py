@@ -6,7 +6,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Region", "Plan", "load_plan", "FULL", "SAVE_COMPUTE", "POLICIES"]
+__all__ = ["Region", "Plan", "load_plan", "FULL", "SAVE_COMPUTE", "POLICIES", "DEFAULT_SLOTS"]
+
+# Memory resolution of the rotor table: a slot is 1/500 of the limit, so rounding costs at most
+# 0.2 % of it per stored size; the table (L x L x 3 x 501 float32, padded) is ~100 MB at 128 stages,
+# the planner's coarsening limit.
+DEFAULT_SLOTS = 500
 
 
 # A region's recomputation options: FULL recomputes everything inside it; SAVE_COMPUTE keeps the

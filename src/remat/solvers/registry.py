@@ -10,18 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .base import Region
+from .base import DEFAULT_SLOTS, Region
 
 if TYPE_CHECKING:  # the implementations import torch; the table itself must not (``remat --help``)
     from .model import ChainModel
 
 __all__ = ["Solver", "SolveSettings", "SOLVERS", "DEFAULT_SLOTS", "get_solver", "budgeted_solvers"]
-
-
-# Memory resolution of the rotor table: a slot is 1/500 of the limit, so rounding costs at most
-# 0.2 % of it per stored size; the table (L x L x 3 x 501 float32, padded) is ~100 MB at 128 stages,
-# the planner's coarsening limit.
-DEFAULT_SLOTS = 500
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import FULL, SAVE_COMPUTE, Region
+from .base import DEFAULT_SLOTS, FULL, SAVE_COMPUTE, Region
 from .model import ChainModel, evaluate
-from .registry import DEFAULT_SLOTS
 
 __all__ = ["RotorTable", "solve_table", "rotor_regions", "solve_rotor"]
 

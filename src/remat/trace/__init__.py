@@ -24,6 +24,7 @@ from torch import fx
 from .. import progress
 from ..errors import RematError, RematWarning, TraceError
 from ..fake import module_of
+from .body import with_modes
 from .check import Mismatch, check_trace
 from .export import export
 from .modes import MODES_KEY
@@ -34,9 +35,7 @@ __all__ = ["trace", "FRONTENDS"]
 def _symbolic(model: torch.nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
     gm = symbolic(model)
     if any(MODES_KEY in n.meta for n in gm.graph.nodes):
-        from ..codegen import build  # the generated code enters the recorded modes
-
-        gm = build(gm)
+        gm = with_modes(gm, MODES_KEY)  # the generated code enters the recorded modes
     return gm
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from torch import fx
 
-__all__ = ["NodeRegion", "Layout", "Nester"]
+__all__ = ["NodeRegion", "Layout", "Nester", "with_modes"]
 
 _COUNTER = re.compile(r"^# COUNTER: (\d+)\n$")
 
@@ -178,3 +178,19 @@ class Nester:
         call_args = ", ".join([r.name, *inputs])
         out.append(f"{indent}{lhs}torch.utils.checkpoint.checkpoint({call_args}, use_reentrant=False"
                    f"{r.options or ''}){suffix}\n")
+
+
+def with_modes(gm: fx.GraphModule, modes_key: str) -> fx.GraphModule:
+    """``gm`` with code that runs each node under the grad/autocast modes it was traced under (a
+    symbolic trace records them per node; its plain code would run every node outside them).
+    The checkpointed modules of codegen/ are built by the same transformer, with regions."""
+    import copy
+
+    graph = copy.deepcopy(gm.graph)
+    nester = Nester(Layout.of(graph, modes_key), ())
+    graph.on_generate_code(lambda _: nester)
+    new = fx.GraphModule(gm, graph, class_name=type(gm).__name__)
+    for attr in ("remat_frontend", "remat_user_regions"):
+        if hasattr(gm, attr):
+            setattr(new, attr, getattr(gm, attr))
+    return new
