@@ -177,3 +177,56 @@ def test_nothing_refers_to_a_design_file_the_repository_lacks():
                  and f.exists() and name in f.read_text(errors="ignore")]
     assert not offenders, f"{name} is docs/design.md: {offenders}"
     assert (ROOT / "docs" / "design.md").exists()
+
+
+def _imports() -> dict[str, set[str]]:
+    """remat's modules and the remat modules each imports (at the top or inside a function)."""
+    import ast
+
+    src = ROOT / "src"
+    modules = {}
+    for path in (src / "remat").rglob("*.py"):
+        parts = path.relative_to(src).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    edges: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or not (node.level or (node.module or "").startswith("remat")):
+                continue
+            base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            for alias in node.names:
+                found = f"{target}.{alias.name}" if f"{target}.{alias.name}" in modules else target
+                while found and found not in modules:
+                    found = found.rpartition(".")[0]
+                if found and found != name:
+                    edges[name].add(found)
+    return edges
+
+
+def test_no_import_runs_in_a_circle():
+    """docs/design.md's rule: imports point down the module map, so no module imports one that
+    imports it back (directly or around a longer circle)."""
+    edges = _imports()
+    state: dict[str, int] = {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for nxt in sorted(edges[module]):
+            assert state.get(nxt) != 1, "import circle: " + " -> ".join(path + [module, nxt])
+            if nxt not in state:
+                visit(nxt, path + [module])
+        state[module] = 2
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module, [])
+
+
+def test_the_module_map_names_every_module():
+    text = (ROOT / "docs" / "design.md").read_text()
+    top = sorted(p.stem if p.is_file() else p.name for p in (ROOT / "src" / "remat").iterdir()
+                 if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists()))
+    missing = [name for name in top if f"`{name}.py`" not in text and f"`{name}/" not in text]
+    assert not missing, f"docs/design.md's module map lacks {missing}"

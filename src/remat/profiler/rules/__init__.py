@@ -39,71 +39,21 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 
+from .registry import RULES, MemoryRule, RuleContext, nbytes, rule, scratch_rule
+
 __all__ = ["RuleContext", "MemoryRule", "RULES", "rule", "rules_for", "scratch_rule", "hidden_writes", "written_arguments", "unreturned_writes", "nbytes",
            "granularity", "round_up", "workspace_bytes"]
 
 
-@dataclass(frozen=True)
-class RuleContext:
-    """What a rule may depend on besides the op's arguments: the step's target."""
-
-    device: str  # device type the step runs on: "cpu", "cuda"
-    threads: int  # CPU threads the plan assumes (per-thread partials scale with it)
-
-
-ScratchFn = Callable[[tuple, dict, Any, RuleContext], int]
-LayoutFn = Callable[[tuple, Any], Any]
-DroppedFn = Callable[[tuple, Any], Any]
-HeldFn = Callable[[tuple, RuleContext], int]
-
-
-@dataclass(frozen=True)
-class MemoryRule:
-    """One aspect of one op's real memory behaviour on one device type."""
-
-    op: OpOverload | None  # None: every op
-    device: str
-    doc: str
-    source: str
-    scratch: ScratchFn | None = None
-    layout: LayoutFn | None = None
-    dropped: DroppedFn | None = None
-    held: HeldFn | None = None
-    extra_out: ScratchFn | None = None
-    writes: tuple[int, ...] = ()
-    workspace: Callable[[RuleContext], int] | None = None  # op None: resident library workspaces
-    granularity: int = 0  # op None: allocations on this device are rounded up to a multiple of it
-    applies: Callable[[OpOverload], bool] | None = None  # with op None: which ops the rule is about
-    value_bound: Callable[[tuple, dict], bool] | None = None  # scratch depends on index values then
-
-
-RULES: list[MemoryRule] = []
-
-
-def rule(ops: OpOverload | list[OpOverload] | None, device: str, doc: str, source: str, **aspects: Any) -> None:
-    """Register one aspect (``scratch=``, ``extra_out=``, ``layout=``, ``dropped=``, ``held=``, ``writes=``,
-    ``workspace=``, ``granularity=``, ``value_bound=``) for ``ops``
-    (``None``: a rule about every op, such as how Python-number operands are wrapped)."""
-    for op in ops if isinstance(ops, list) else [ops]:
-        RULES.append(MemoryRule(op, device, doc, source, **aspects))
-    rules_for.cache_clear()
-    granularity.cache_clear()
-
-
-def scratch_rule(ops: OpOverload | list[OpOverload] | None, device: str, doc: str, source: str, **aspects: Any):
-    """Decorator form of ``rule(..., scratch=fn)``."""
-
-    def deco(fn: ScratchFn) -> ScratchFn:
-        rule(ops, device, doc, source, scratch=fn, **aspects)
-        return fn
-
-    return deco
+def rules_for(op: OpOverload, device: str) -> tuple[MemoryRule, ...]:
+    """The rules of ``op`` on ``device`` (and on every device)."""
+    _load()
+    return _rules_for(op, device, len(RULES))  # (a rule registered later starts a new cache key)
 
 
 @functools.lru_cache(maxsize=None)
-def rules_for(op: OpOverload, device: str) -> tuple[MemoryRule, ...]:
+def _rules_for(op: OpOverload, device: str, known: int) -> tuple[MemoryRule, ...]:
     """Every rule that applies to ``op`` on ``device`` (device-specific ones and "*" ones)."""
-    _load()
     return tuple(r for r in RULES if r.device in (device, "*")
                  and (r.op is op or (r.op is None and (r.applies is None or r.applies(op)))))
 
@@ -142,10 +92,14 @@ def unreturned_writes(op: OpOverload) -> frozenset[int]:
                      or not set(schema[i].alias_info.before_set) & returned)
 
 
-@functools.lru_cache(maxsize=None)
 def granularity(device: str) -> int:
     """The allocation granularity on ``device`` (1: bytes are counted as they are)."""
     _load()
+    return _granularity(device, len(RULES))
+
+
+@functools.lru_cache(maxsize=None)
+def _granularity(device: str, known: int) -> int:
     return max([r.granularity for r in RULES if r.device == device and r.granularity] or [1])
 
 
@@ -159,11 +113,6 @@ def round_up(nbytes: int, device: str) -> int:
     """``nbytes`` as the allocator of ``device`` counts it (0 stays 0: an empty tensor allocates nothing)."""
     step = granularity(device)
     return nbytes if step == 1 or nbytes <= 0 else -(-nbytes // step) * step
-
-
-def nbytes(t: Any) -> int:
-    """Bytes of a tensor's elements (0 for anything else)."""
-    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
 
 
 def _load() -> None:

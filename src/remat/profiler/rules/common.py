@@ -5,7 +5,7 @@ from typing import Any
 
 import torch
 
-from . import rule
+from .registry import rule
 
 aten = torch.ops.aten
 

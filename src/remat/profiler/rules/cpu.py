@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch._prims_common import suggest_memory_format
 
-from . import RuleContext, nbytes, rule, scratch_rule
+from .registry import RuleContext, nbytes, rule, scratch_rule
 
 aten = torch.ops.aten
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from . import RuleContext, nbytes, scratch_rule
+from .registry import RuleContext, nbytes, scratch_rule
 from .cpu import channels_last, copy_if_strided, to_channels_last
 
 aten = torch.ops.aten

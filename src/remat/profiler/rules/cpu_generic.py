@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 
-from . import RULES, RuleContext, nbytes, scratch_rule
+from .registry import RULES, RuleContext, nbytes, scratch_rule
 
 aten = torch.ops.aten
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from . import RuleContext, nbytes, rule, scratch_rule
+from .registry import RuleContext, nbytes, rule, scratch_rule
 from .cpu_generic import LOW_PRECISION, dense_nbytes, strided_copies
 
 aten = torch.ops.aten

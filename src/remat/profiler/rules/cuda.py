@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from . import RuleContext, nbytes, rule, scratch_rule
+from .registry import RuleContext, nbytes, rule, scratch_rule
 
 aten = torch.ops.aten
 
