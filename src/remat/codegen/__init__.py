@@ -28,7 +28,7 @@ from torch import fx
 
 from ..chain import Chain
 from ..profiler.node import META_KEY
-from ..runtime import InputContract, RematModule
+from ..runtime import Freeze, InputContract, RematModule, Save
 from ..solvers.base import SAVE_COMPUTE, Region, validate_regions
 from ..trace.modes import MODES_KEY
 from ..trace.body import Layout, Nester, NodeRegion
@@ -74,10 +74,12 @@ def _freeze(gm: fx.GraphModule, region: NodeRegion) -> str:
     weight from them), and in a torch.export graph the ops do not say which module they belong to:
     the region recomputes from a copy of the state it writes, taken in its forward."""
     if _state_written_by_batchnorm_modules(gm):
-        return 'freeze="modules"'
+        return f'freeze="{Freeze.MODULES.value}"'
     nodes = list(gm.graph.nodes)[region.first:region.last + 1]
     names = sorted({name for n in nodes for name in getattr(n.meta.get(META_KEY), "state_written", ())})
-    return f'freeze="state", state={tuple(names)!r}' if names else 'freeze="ops"'
+    if names:
+        return f'freeze="{Freeze.STATE.value}", state={tuple(names)!r}'
+    return f'freeze="{Freeze.OPS.value}"'
 
 
 def region_options(gm: fx.GraphModule, region: NodeRegion, name: str = "") -> str:
@@ -89,11 +91,11 @@ def region_options(gm: fx.GraphModule, region: NodeRegion, name: str = "") -> st
     if region.policy == SAVE_COMPUTE:
         nodes = list(gm.graph.nodes)
         label = f"{name}: {nodes[region.first].name} .. {nodes[region.last].name}"
-        needs.append(f'save="compute", region={label!r}')
+        needs.append(f'save="{Save.COMPUTE.value}", region={label!r}')
     if _any_node(gm, region, "mutates_state"):
         needs.append(_freeze(gm, region))
     if needs:
-        options += f", **remat.runtime.context(self, {', '.join(needs)})"
+        options += f", {RUNTIME_CALL}self, {', '.join(needs)})"
     return options
 
 
@@ -113,13 +115,22 @@ def _input_check(gm: fx.GraphModule) -> tuple[str, ...]:
     return (f"remat.runtime.check_inputs(self, {', '.join(contract.names)})",)
 
 
+def _calls_runtime(regions: Sequence[NodeRegion]) -> bool:
+    """Whether a region's checkpoint call passes ``remat.runtime.context(...)`` (the module then
+    imports remat.runtime)."""
+    return any(RUNTIME_CALL in (r.options or "") or _calls_runtime(r.children) for r in regions)
+
+
+RUNTIME_CALL = "**remat.runtime.context("
+
+
 def build(gm: fx.GraphModule, regions: Sequence[NodeRegion] = ()) -> RematModule:
     """A new module sharing ``gm``'s parameters whose forward checkpoints ``regions`` and runs each
     node under the modes it was traced under."""
     graph = copy.deepcopy(gm.graph)
     named = _named(gm, tuple(regions))
     prologue = _input_check(gm)
-    uses_runtime = bool(prologue) or "remat.runtime" in repr(named)
+    uses_runtime = bool(prologue) or _calls_runtime(named)
     nester = Nester(Layout.of(graph, MODES_KEY), named, (("import remat.runtime",) if uses_runtime else ()) + prologue)
     graph.on_generate_code(lambda _: nester)
     new = RematModule(gm, graph, class_name=type(gm).__name__)

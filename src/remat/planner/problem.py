@@ -18,7 +18,7 @@ from ..chain import Chain, linearize
 from ..codegen import NodeRegion, build
 from ..fake import target_device
 from ..margin import Margin, margin_for
-from ..profiler.calibrate import calibration_for
+from ..profiler.calibrate import Calibration, calibration_for
 from ..profiler.dispatch import ScratchSource, Target
 from ..profiler.bound import Bound
 from ..profiler.model import ModelProfile, profile_graph
@@ -108,7 +108,7 @@ class Problem:
     @property
     def scratch_source(self) -> str:
         """Where kernel scratch comes from: "measured" on this machine, or the "rules"' bounds."""
-        return "rules" if self.scratch is None or not hasattr(self.scratch, "measured") else "measured"
+        return "measured" if isinstance(self.scratch, Calibration) else "rules"
 
     @property
     def margin(self) -> Margin:

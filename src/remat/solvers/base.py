@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Region", "Plan", "load_plan", "FULL", "SAVE_COMPUTE", "POLICIES", "DEFAULT_SLOTS"]
+__all__ = ["Region", "RegionPolicy", "Plan", "load_plan", "FULL", "SAVE_COMPUTE", "POLICIES", "DEFAULT_SLOTS"]
 
 # Memory resolution of the rotor table: a slot is 1/500 of the limit, so rounding costs at most
 # 0.2 % of it per stored size; the table (L x L x 3 x 501 float32, padded) is ~100 MB at 128 stages,
@@ -14,11 +15,24 @@ __all__ = ["Region", "Plan", "load_plan", "FULL", "SAVE_COMPUTE", "POLICIES", "D
 DEFAULT_SLOTS = 500
 
 
-# A region's recomputation options: FULL recomputes everything inside it; SAVE_COMPUTE keeps the
-# outputs of its matmul, convolution and attention ops (torch's selective checkpointing) and
-# recomputes only the cheap ops between them (norms, activations, dropout masks, views).
-FULL, SAVE_COMPUTE = "", "save-compute"
-POLICIES = (FULL, SAVE_COMPUTE)
+class RegionPolicy(str, Enum):
+    """How a region is recomputed (values are what plans and JSON files carry).
+
+    - ``FULL``: everything inside it runs again in the backward.
+    - ``SAVE_COMPUTE``: the outputs of its matmul, convolution and attention ops are kept (torch's
+      selective checkpointing), so only the cheap ops between them run again (norms, activations,
+      dropout masks, views); never where a later op overwrites a kept output (``keep_refused``).
+    """
+
+    FULL = ""
+    SAVE_COMPUTE = "save-compute"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+FULL, SAVE_COMPUTE = RegionPolicy.FULL, RegionPolicy.SAVE_COMPUTE
+POLICIES = tuple(RegionPolicy)
 
 
 @dataclass(frozen=True)
@@ -30,13 +44,15 @@ class Region:
     start: int
     stop: int
     children: tuple["Region", ...] = ()
-    policy: str = FULL
+    policy: RegionPolicy = FULL
 
     def __post_init__(self) -> None:
         if not 0 <= self.start < self.stop:
             raise ValueError(f"empty or negative region [{self.start}, {self.stop})")
-        if self.policy not in POLICIES:
-            raise ValueError(f"unknown region policy {self.policy!r}; one of {POLICIES}")
+        try:
+            object.__setattr__(self, "policy", RegionPolicy(self.policy))
+        except ValueError:
+            raise ValueError(f"unknown region policy {self.policy!r}; one of {[p.value for p in POLICIES]}") from None
         if self.policy != FULL and self.children:
             raise ValueError("a region that keeps some outputs has no regions inside it")
         prev = self.start
@@ -46,7 +62,8 @@ class Region:
             prev = child.stop
 
     def to_list(self) -> list[Any]:
-        return [self.start, self.stop, [c.to_list() for c in self.children], *([self.policy] if self.policy else [])]
+        return [self.start, self.stop, [c.to_list() for c in self.children],
+                *([self.policy.value] if self.policy != FULL else [])]
 
     @classmethod
     def from_list(cls, data: list[Any]) -> "Region":
