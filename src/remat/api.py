@@ -118,9 +118,9 @@ def _agree_across_ranks(problem: Problem, gm: fx.GraphModule, plan: Plan) -> fx.
     shared = [plan]
     torch.distributed.broadcast_object_list(shared, src=0)
     chosen: Plan = shared[0]
-    if chosen.regions == plan.regions and chosen.info.get("granularity") == plan.info.get("granularity"):
+    if chosen.regions == plan.regions and chosen.info.granularity == plan.info.granularity:
         return gm
-    level = chosen.info.get("granularity", "blocks")
+    level = chosen.info.granularity
     if level not in problem.levels or [list(s.nodes) for s in problem.levels[level].chain.stages] != chosen.stages:
         raise RuntimeError("rank 0 traced this model to other stages than this process: the processes of one "
                            "job must plan the same model on inputs of the same shapes")
@@ -192,13 +192,13 @@ def apply_plan(model: torch.nn.Module, example_inputs: Any, plan: Plan, kwargs: 
     """
     args, kwargs = _unaliased(_as_args(example_inputs), kwargs)
     problem: Problem = prepare(model, args, kwargs, tuple(shared_inputs))
-    planned = plan.info.get("inputs")
+    planned = plan.info.inputs or None
     contract = problem.gm.remat_contract
     now = {n: list(sh) for n, sh in zip(contract.names, contract.shapes) if sh is not None}
     if planned is not None and planned != now and not allow_other_shapes:
         raise ValueError(f"this plan was made for inputs {planned}, not {now}: its memory budget was verified for "
                          "those shapes only. Plan again for these inputs, or pass allow_other_shapes=True")
-    level = plan.info.get("granularity", "blocks")
+    level = plan.info.granularity
     if level not in problem.levels:
         raise ValueError(f"this plan was made for a {level!r} chain, which this model does not have")
     stages = [list(s.nodes) for s in problem.levels[level].chain.stages]

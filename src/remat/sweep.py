@@ -101,7 +101,7 @@ def _sweep(model: torch.nn.Module, args: tuple, kwargs: dict | None, shared_inpu
                     measured = _measure(gm, args, kwargs)
             result.rows.append(SweepRow(solver, fraction, plan.budget_bytes, plan.predicted_peak_bytes,
                                         plan.recompute_ratio, len(plan.regions), measured,
-                                        recompute_seconds=plan.info.get("recompute_seconds")))
+                                        recompute_seconds=plan.info.recompute_seconds))
     return result
 
 

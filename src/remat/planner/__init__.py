@@ -16,6 +16,7 @@ from ..budget import Budget
 from ..chain import stage_modules
 from ..errors import RematWarning
 from ..solvers.base import Plan
+from ..solvers.info import PlanInfo
 from ..solvers.model import ChainModel, recompute_flops, recompute_time
 from ..solvers.registry import Solver, SolveSettings, get_solver
 from .errors import fixed_plan_too_big, infeasible
@@ -78,12 +79,6 @@ def _search(problem: Problem, solver: Solver, budget: Budget | None, settings: S
     return found, budget_bytes
 
 
-def _refused(level: Granularity) -> dict[str, object]:
-    """Stages no region may keep the matmul/conv/attention outputs of, and why (for describe())."""
-    refused = [[i, st.keep_refused] for i, st in enumerate(level.chain.stages) if st.keep_refused]
-    return {"keep_refused": refused} if refused else {}
-
-
 def _result(problem: Problem, solver: Solver, found: Candidate, budget_bytes: int | None,
             settings: SolveSettings, start: float) -> tuple[fx.GraphModule, Plan]:
     """The generated module with its Plan attached."""
@@ -93,21 +88,25 @@ def _result(problem: Problem, solver: Solver, found: Candidate, budget_bytes: in
         recompute_flops=recompute_flops(model, found.regions),
         stages=[list(s.nodes) for s in found.level.chain.stages], regions=found.regions,
         step_flops=problem.profile.fwd_flops + problem.profile.bwd_flops,
-        info={"unconstrained_peak_bytes": problem.unconstrained, "fixed_bytes": problem.fixed,
-              "resident_bytes": problem.resident, "solve_seconds": round(time.perf_counter() - start, 3),
-              "attempts": found.attempts, "frontend": problem.profile.frontend, "slots": settings.slots,
-              "granularity": found.level.name, **problem.scratch_info(),
-              "margin_bytes": problem.margin.allowance(found.peak) if found.regions else 0,
-              "recompute_seconds": recompute_time(model, found.regions),
-              "step_seconds": sum(n.fwd_time + n.bwd_time for n in problem.profile.nodes),
-              "inputs": {n: list(sh) for n, sh in zip(problem.gm.remat_contract.names, problem.gm.remat_contract.shapes)
-                         if sh is not None},
-              **({"user_checkpoints": _count(problem.user_regions),
-                  "user_checkpoints_kept": found.module is problem.baseline} if problem.user_regions else {}),
-              **({"world_size": problem.shard.world_size, "sharding": "fsdp"} if problem.shard else {}),
-              **({"bound_bytes": problem.bound.bytes, "bound_reason": problem.bound.reason} if problem.bound else {}),
-              **_refused(found.level),
-              "stage_modules": [list(pair) for pair in stage_modules(problem.gm, found.level.chain)]},
+        info=PlanInfo(
+            unconstrained_peak_bytes=problem.unconstrained, fixed_bytes=problem.fixed, resident_bytes=problem.resident,
+            margin_bytes=problem.margin.allowance(found.peak) if found.regions else 0,
+            bound_bytes=problem.bound.bytes if problem.bound else None,
+            bound_reason=problem.bound.reason if problem.bound else "",
+            granularity=found.level.name,
+            stage_modules=[list(pair) for pair in stage_modules(problem.gm, found.level.chain)],
+            keep_refused=[[i, st.keep_refused] for i, st in enumerate(found.level.chain.stages) if st.keep_refused],
+            recompute_seconds=recompute_time(model, found.regions),
+            step_seconds=sum(n.fwd_time + n.bwd_time for n in problem.profile.nodes),
+            solve_seconds=round(time.perf_counter() - start, 3), attempts=found.attempts, slots=settings.slots,
+            frontend=problem.profile.frontend,
+            inputs={n: list(sh) for n, sh in zip(problem.gm.remat_contract.names, problem.gm.remat_contract.shapes)
+                    if sh is not None},
+            user_checkpoints=_count(problem.user_regions),
+            user_checkpoints_kept=bool(problem.user_regions) and found.module is problem.baseline,
+            world_size=problem.shard.world_size if problem.shard else 1,
+            sharding="fsdp" if problem.shard else "",
+            **problem.scratch_info()),
     )
     found.module.remat_plan = plan
     return found.module, plan

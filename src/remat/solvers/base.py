@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
+
+from .info import PlanInfo
 
 __all__ = ["Region", "RegionPolicy", "Plan", "load_plan", "FULL", "SAVE_COMPUTE", "POLICIES", "DEFAULT_SLOTS"]
 
@@ -121,7 +123,11 @@ class Plan:
     stages: list[list[str]]  # node names per stage
     regions: tuple[Region, ...] = ()
     step_flops: int = 0  # forward + backward FLOPs of the unmodified step
-    info: dict[str, Any] = field(default_factory=dict)
+    info: PlanInfo = field(default_factory=PlanInfo)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.info, PlanInfo):  # a dict: plans made or saved before PlanInfo
+            self.info = PlanInfo.from_dict(self.info)
 
     @property
     def recompute_ratio(self) -> float:
@@ -131,59 +137,59 @@ class Plan:
         """The plan for people: budget, prediction, recomputation and the nested regions."""
         from ..units import fmt_bytes
 
-        level = self.info.get("granularity", "blocks")
+        level = self.info.granularity
         lines = [f"solver {self.solver}, {len(self.stages)} stages ({level}: {_LEVELS.get(level, level)})"]
-        if self.info.get("sharding"):
-            lines.append(f"memory per process of {self.info['world_size']} "
-                         f"({self.info['sharding']}: wrap with remat.fully_shard)")
-        unconstrained = self.info.get("unconstrained_peak_bytes")
+        if self.info.sharding:
+            lines.append(f"memory per process of {self.info.world_size} "
+                         f"({self.info.sharding}: wrap with remat.fully_shard)")
+        unconstrained = self.info.unconstrained_peak_bytes
         if unconstrained is not None:
             lines.append(f"unconstrained   {fmt_bytes(unconstrained):>12}   (the step's peak as the model runs it)")
         if self.budget_bytes is not None:
             lines.append(f"budget          {fmt_bytes(self.budget_bytes):>12}")
-        if self.info.get("bound_bytes"):
-            lines.append(f"bound           {fmt_bytes(self.info['bound_bytes']):>12}   (no checkpointing of this model's "
-                         f"code goes below: {self.info.get('bound_reason', '')})")
+        if self.info.bound_bytes:
+            lines.append(f"bound           {fmt_bytes(self.info.bound_bytes):>12}   (no checkpointing of this model's "
+                         f"code goes below: {self.info.bound_reason})")
         lines.append(f"predicted peak  {fmt_bytes(self.predicted_peak_bytes):>12}"
                      + (f"   ({'fits' if self.predicted_peak_bytes <= self.budget_bytes else 'OVER'})"
                         if self.budget_bytes is not None else ""))
-        if self.info.get("margin_bytes"):
-            lines.append(f"margin          {fmt_bytes(self.info['margin_bytes']):>12}   (kept free of the budget: "
+        if self.info.margin_bytes:
+            lines.append(f"margin          {fmt_bytes(self.info.margin_bytes):>12}   (kept free of the budget: "
                          "the measured error of predictions, remat/margin.py)")
         lines.append(f"recompute       {self.recompute_ratio:>12.1%} of the step's FLOPs")
-        if self.info.get("step_seconds"):
-            overhead = self.info.get("recompute_seconds", 0.0) / self.info["step_seconds"]
+        if self.info.step_seconds:
+            overhead = self.info.recompute_seconds / self.info.step_seconds
             lines.append(f"predicted time  {overhead:>+12.1%} on the step (recomputation, from measured or "
                          "roofline op times)")
-        scratch = self.info.get("scratch")
+        scratch = self.info.scratch
         if scratch == "measured":
-            lines.append(f"kernel scratch  measured on this machine ({self.info.get('threads')} threads; "
-                         f"{self.info.get('measured_signatures', 0)} new op signatures measured, the rest cached)")
-        elif scratch == "rules" and self.info.get("device", "cpu") != "cpu":
-            lines.append(f"kernel scratch  bounded by remat's {self.info['device']} rules (not measured: remat "
+            lines.append(f"kernel scratch  measured on this machine ({self.info.threads} threads; "
+                         f"{self.info.measured_signatures} new op signatures measured, the rest cached)")
+        elif scratch == "rules" and self.info.device != "cpu":
+            lines.append(f"kernel scratch  bounded by remat's {self.info.device} rules (not measured: remat "
                          "measures kernels on this machine's CPU only)")
         elif scratch == "rules":
             lines.append("kernel scratch  bounded by remat's rules (the ops could not run here: inputs on meta, "
                          "another device, or calibrate=False)")
-        if self.info.get("device", "cpu") != "cpu":
-            where = (f", simulated on fake {self.info['simulated_on']} tensors standing in for it"
-                     if self.info.get("simulated_on") else "")
-            lines.append(f"planned for     {self.info['device']}{where}; op times {self.info.get('times', '')}")
-        users = self.info.get("user_checkpoints")
+        if self.info.device != "cpu":
+            where = (f", simulated on fake {self.info.simulated_on} tensors standing in for it"
+                     if self.info.simulated_on else "")
+            lines.append(f"planned for     {self.info.device}{where}; op times {self.info.times}")
+        users = self.info.user_checkpoints
         if users:
-            verdict = ("kept: the step fits the budget as the model checkpoints it" if self.info.get("user_checkpoints_kept")
+            verdict = ("kept: the step fits the budget as the model checkpoints it" if self.info.user_checkpoints_kept
                        else "replaced by the regions below")
             lines.append(f"the model's own checkpoint calls ({users}): {verdict}")
-        refused = self.info.get("keep_refused")
+        refused = self.info.keep_refused
         if refused:
             stage, why = refused[0]
             lines.append(f"no region keeps matmul/conv/attention outputs in {len(refused)} of {len(self.stages)} stages: "
                          "a later op writes such an output in place, and torch's selective checkpoint would hand "
                          f"the overwritten tensor to the recomputation (e.g. stage {stage}, {why})")
-        if not self.regions and not (users and self.info.get("user_checkpoints_kept")):
+        if not self.regions and not (users and self.info.user_checkpoints_kept):
             lines.append("no checkpointing")
 
-        modules = self.info.get("stage_modules")
+        modules = self.info.stage_modules
 
         def walk(regions: tuple[Region, ...], depth: int) -> None:
             for r in regions:
@@ -214,8 +220,9 @@ class Plan:
         return {k: v for k, v in self.__dict__.items() if k != "_timeline"}
 
     def to_json(self, path: str | Path | None = None) -> str:
-        data = asdict(self)
+        data = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
         data["regions"] = [r.to_list() for r in self.regions]
+        data["info"] = self.info.to_dict()
         text = json.dumps(data, indent=1)
         if path is not None:
             Path(path).write_text(text)
