@@ -17,7 +17,7 @@ from ..chain import stage_modules
 from ..errors import RematWarning
 from ..solvers.base import Plan
 from ..solvers.info import PlanInfo
-from ..solvers.model import ChainModel, recompute_flops, recompute_time
+from ..solvers.model import recompute_flops, recompute_time
 from ..solvers.registry import Solver, SolveSettings, get_solver
 from .errors import fixed_plan_too_big, infeasible
 from .problem import Granularity, Problem, coarsen, prepare
@@ -82,7 +82,7 @@ def _search(problem: Problem, solver: Solver, budget: Budget | None, settings: S
 def _result(problem: Problem, solver: Solver, found: Candidate, budget_bytes: int | None,
             settings: SolveSettings, start: float) -> tuple[fx.GraphModule, Plan]:
     """The generated module with its Plan attached."""
-    model = ChainModel.from_chain(found.level.chain)
+    model = found.level.exact
     plan = Plan(
         solver=solver.name, budget_bytes=budget_bytes, predicted_peak_bytes=found.peak,
         recompute_flops=recompute_flops(model, found.regions),

@@ -43,8 +43,9 @@ class Granularity:
 
     name: str  # "blocks" or "fine"
     chain: Chain
-    model: ChainModel
+    model: ChainModel  # what the solvers see: ``exact`` coarsened to at most MAX_STAGES stages
     groups: list[tuple[int, int]]  # model stage -> chain stages [a, b)
+    exact: ChainModel  # the chain's own stage model, built once: plans are evaluated on it
 
 
 @dataclass
@@ -220,8 +221,9 @@ def prepare(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
         chain = linearize(gm, shared_inputs, split_blocks=split)
         if problem.shard is not None:
             chain = shard_chain(chain, problem.shard)
-        coarse, groups = coarsen(ChainModel.from_chain(chain), max_stages)
-        problem.levels[name] = Granularity(name, chain, coarse, groups)
+        exact = ChainModel.from_chain(chain)
+        coarse, groups = coarsen(exact, max_stages)
+        problem.levels[name] = Granularity(name, chain, coarse, groups, exact)
     if len(problem.levels["fine"].chain) == len(problem.chain):
         del problem.levels["fine"]  # no block to split
     return problem

@@ -16,7 +16,7 @@ from .. import progress
 from ..codegen import generate
 from ..errors import KeptOutputOverwritten
 from ..solvers.base import SAVE_COMPUTE, Region
-from ..solvers.model import ChainModel, evaluate, recompute_time
+from ..solvers.model import evaluate, recompute_time
 from ..solvers.registry import Solver, SolveSettings
 from .problem import Granularity, Problem
 
@@ -117,7 +117,7 @@ def solve_regions(problem: Problem, solver: Solver, limit: int,
         if regions is None:
             continue
         regions = _expand(regions, level.groups)
-        work = recompute_time(ChainModel.from_chain(level.chain), regions)
+        work = recompute_time(level.exact, regions)
         # the finer chain only when it recomputes clearly less: near a tie, noise in measured op
         # times would make the choice (and the whole plan) differ from one cache to the next
         if best is None or work < best[0] * (1 - LEVEL_TIE):
@@ -161,7 +161,7 @@ def find_plan(problem: Problem, solver: Solver, budget_bytes: int | None,
             with progress.step("verify"):
                 peak = _predict(problem, gm, regions)
         else:
-            peak = problem.resident + evaluate(ChainModel.from_chain(level.chain), regions).peak
+            peak = problem.resident + evaluate(level.exact, regions).peak
         # the model's own step needs no margin: it is what the user runs without remat
         if budget_bytes is None or (margin.budget_for(peak) if regions else peak) <= budget_bytes:
             return Candidate(level, regions, gm, peak, attempts)
@@ -170,7 +170,7 @@ def find_plan(problem: Problem, solver: Solver, budget_bytes: int | None,
             break
         # tighten by the overshoot plus TIGHTEN, and at least by the stage model's error on this plan
         target = budget_bytes - margin.allowance(peak)
-        modeled = problem.resident + evaluate(ChainModel.from_chain(level.chain), regions).peak
+        modeled = problem.resident + evaluate(level.exact, regions).peak
         limit = min(limit - (peak - target) - max(1, int(limit * TIGHTEN)),
                     target - problem.resident - max(0, peak - modeled))
     raise NoFit(best)
@@ -196,7 +196,7 @@ def smallest_budget(problem: Problem, solver: Solver, settings: SolveSettings = 
                 with progress.step("verify", "the least-memory plan"):
                     peak = _predict(problem, gm, regions)
             else:
-                peak = problem.resident + evaluate(ChainModel.from_chain(level.chain), regions).peak
+                peak = problem.resident + evaluate(level.exact, regions).peak
             if best is None or peak < best.peak:
                 best = Candidate(level, regions, gm, peak, 1)
     if best is None or problem.margin.budget_for(best.peak) >= problem.unconstrained:
