@@ -23,13 +23,11 @@ import time
 import traceback
 from collections import Counter
 
-from dataclasses import replace
-
 import torch
 
 import remat
-from remat.solvers.base import SAVE_COMPUTE, Region
 from remat.testing import ALL_OPS, OPS, FuzzNet, assert_same_step, random_spec
+from remat.testing.plans import keeping_everywhere
 
 SOLVERS = ("rotor", "chen-greedy", "chen-sqrtn", "every-stage")
 
@@ -48,17 +46,15 @@ def _checked(model, x, budget, solver) -> tuple[str, str, object]:
     return "", "", gm
 
 
-def keeping_everywhere(model, x) -> tuple[str, str]:
+def keeping_everywhere_exact(model, x) -> tuple[str, str]:
     """Every stage its own region, keeping its matmul/conv/attention outputs unless the profile
     refuses (a later op overwrites one): the step must equal the original's."""
-    plan = remat.checkpoint(model, (x,), budget=1.0).remat_plan
-    refused = {stage for stage, _ in plan.info.get("keep_refused", [])}
-    regions = tuple(Region(i, i + 1, (), "" if i in refused else SAVE_COMPUTE) for i in range(len(plan.stages)))
     try:
-        assert_same_step(model, lambda m: remat.apply_plan(m, (x,), replace(plan, regions=regions)), (x,))
+        gm = assert_same_step(model, lambda m: keeping_everywhere(m, (x,)), (x,))
     except AssertionError as e:
         return "mismatch", "keeping everywhere: " + str(e).splitlines()[0][:140]
-    return "", f"{len(regions) - len(refused)} keeping, {len(refused)} refused"
+    refused = len(gm.remat_plan.info.keep_refused)
+    return "", f"{len(gm.remat_plan.stages) - refused} keeping, {refused} refused"
 
 
 def one(seed: int, ops: tuple[str, ...] = ALL_OPS) -> tuple[str, str]:
@@ -89,7 +85,7 @@ def one(seed: int, ops: tuple[str, ...] = ALL_OPS) -> tuple[str, str]:
     if outcome:
         return outcome, detail
     try:
-        kept, detail = keeping_everywhere(model, x)
+        kept, detail = keeping_everywhere_exact(model, x)
     except Exception as e:  # noqa: BLE001
         return "error", f"keeping everywhere: {type(e).__name__}: {str(e)[:120]}"
     if kept:

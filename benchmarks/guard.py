@@ -12,26 +12,17 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from dataclasses import replace
 
 import torch
 
 import remat
 from remat import runtime
-from remat.solvers.base import SAVE_COMPUTE, Region
+from remat.testing.plans import keeping_everywhere
 from remat.zoo import build
 
 from common import md_table, write_result
 
 MODELS = ("transformers:gpt2", "torchvision:resnet18", "mlp")
-
-
-def keeping_everywhere(model, inputs):
-    """The model with every stage its own region keeping its expensive outputs (where it may)."""
-    plan = remat.checkpoint(model, inputs, budget=1.0).remat_plan
-    refused = {stage for stage, _ in plan.info.get("keep_refused", [])}
-    regions = tuple(Region(i, i + 1, (), "" if i in refused else SAVE_COMPUTE) for i in range(len(plan.stages)))
-    return remat.apply_plan(model, inputs, replace(plan, regions=regions))
 
 
 def step(gm, inputs) -> float:

@@ -14,6 +14,7 @@ from remat.solvers.base import SAVE_COMPUTE, Region
 from remat.solvers.model import ChainModel
 from remat.testing import ALL_OPS, INPLACE_OPS, FuzzNet, assert_same_step, random_spec
 from remat.testing.patterns import CellChain
+from remat.testing.plans import keeping_everywhere
 
 CELLS = [nn.GRUCell, nn.LSTMCell, nn.RNNCell]
 
@@ -139,7 +140,4 @@ def test_random_networks_with_inplace_writes_into_matmul_outputs(monkeypatch, se
     except remat.InfeasibleBudget as e:
         gm = assert_same_step(model, lambda m: remat.checkpoint(m, (x,), budget=e.min_bytes), (x,))
     assert remat.measure_peak(gm, (x,)) <= gm.remat_plan.budget_bytes
-    plan = remat.checkpoint(model, (x,), budget=1.0).remat_plan
-    refused = {stage for stage, _ in plan.info.get("keep_refused", [])}
-    regions = tuple(Region(i, i + 1, (), "" if i in refused else SAVE_COMPUTE) for i in range(len(plan.stages)))
-    assert_same_step(model, lambda m: remat.apply_plan(m, (x,), replace(plan, regions=regions)), (x,))
+    assert_same_step(model, lambda m: keeping_everywhere(m, (x,)), (x,))
