@@ -63,7 +63,13 @@ def _search(problem: Problem, solver: Solver, budget: Budget | None, settings: S
     # floor (one table, one verification) says whether the budget is feasible at all, and only then
     # is the finer table worth its time.
     first = replace(settings, retry=False)
+    # Under the bound no checkpointing goes below (a true lower bound of every plan's peak) nothing
+    # is solved at the budget: the floor alone says how far it is (one table instead of two).
+    hopeless = (solver.budgeted and budget_bytes is not None and problem.bound is not None
+                and budget_bytes < problem.bound.bytes)
     try:
+        if hopeless and not least:
+            raise NoFit(None)
         found = least[1] if least else find_plan(problem, solver, budget_bytes, first, verify)
     except NoFit as e:
         if not solver.budgeted:
