@@ -1,7 +1,10 @@
 """remat side by side with what users would pick instead, measured the same way in one run.
 
-Systems, per model: no checkpoint; every block checkpointed by hand (torch.utils.checkpoint around
-each residual block / transformer layer, non-reentrant, as HF's gradient_checkpointing_enable does);
+Systems, per model (resnet50, vit_b_16, a GPT-2 and a Llama-style decoder): no checkpoint; the
+schedules people write by hand: every block checkpointed (torch.utils.checkpoint around each
+residual block / transformer layer, non-reentrant, as HF's gradient_checkpointing_enable does),
+every other block, and torchtitan-style op-level selective checkpointing on every block (keeping the
+outputs of matmul/conv/attention ops), with remat planned at each one's measured peak;
 torch.compile (inductor, CPU) at activation_memory_budget 0.0..1.0; remat rotor and chen-greedy at
 budgets 0.2..1.0, remat rotor planned at every block's measured peak and at half of every block's
 activation memory (issue 16's acceptance, read off in the "Acceptance" section), and remat's rotor
@@ -35,7 +38,8 @@ from common import RESULTS, md_table, write_result
 
 PAGE = 4096  # bytes: "equal memory" for the acceptance points (allocations come in pages anyway)
 MODELS = {"resnet50": ("torchvision:resnet50", 8), "vit_b_16": ("torchvision:vit_b_16", 8),
-          "gpt2": ("transformers:gpt2:layers=6,width=512,heads=8,seq=256", 4)}
+          "gpt2": ("transformers:gpt2:layers=6,width=512,heads=8,seq=256", 4),
+          "llama": ("transformers:llama:layers=8,width=512,heads=8,seq=512,vocab=8000", 2)}
 
 
 @dataclass
@@ -55,31 +59,70 @@ def predicted_overhead(plan) -> float | None:
     return plan.info.get("recompute_seconds", 0.0) / step if step else None
 
 
-class Blockwise(torch.nn.Module):
-    """Runs one block under torch.utils.checkpoint (non-reentrant)."""
+# torchtitan-style op-level selective checkpointing: keep the outputs of matmuls, convolutions and
+# attention, recompute the rest (written against torch's API, independently of remat's own policy)
+_KEEP = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+         torch.ops.aten.convolution.default, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+         torch.ops.aten._scaled_dot_product_efficient_attention.default,
+         torch.ops.aten._scaled_dot_product_flash_attention.default}
 
-    def __init__(self, block: torch.nn.Module) -> None:
+
+def _sac_policy(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy.MUST_SAVE if op in _KEEP else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+class Blockwise(torch.nn.Module):
+    """Runs one block under torch.utils.checkpoint (non-reentrant); ``selective``: keeping the
+    outputs of its matmul/conv/attention ops (torch's create_selective_checkpoint_contexts)."""
+
+    def __init__(self, block: torch.nn.Module, selective: bool = False) -> None:
         super().__init__()
-        self.block = block
+        self.block, self.selective = block, selective
 
     def forward(self, *args, **kwargs):
-        return checkpoint(self.block, *args, use_reentrant=False, **kwargs)
+        extra = {}
+        if self.selective:
+            from functools import partial
+
+            from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+            extra["context_fn"] = partial(create_selective_checkpoint_contexts, _sac_policy)
+        return checkpoint(self.block, *args, use_reentrant=False, **extra, **kwargs)
+
+
+def _block_lists(name: str, model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The containers whose children are the model's blocks."""
+    if name == "resnet50":
+        return [model.layer1, model.layer2, model.layer3, model.layer4]
+    if name == "vit_b_16":
+        return [model.encoder.layers]
+    if name == "gpt2":
+        return [model.transformer.h]
+    return [model.model.layers]  # llama
+
+
+# the peers: which blocks are checkpointed, and how
+PEERS = {"every block": (1, False), "every 2nd block": (2, False), "op-level SAC": (1, True)}
+
+
+def by_hand(name: str, model: torch.nn.Module, peer: str = "every block") -> torch.nn.Module:
+    """A copy of ``model`` with the peer's schedule written by hand: every ``stride``-th block run
+    under torch's checkpoint, selective or not."""
+    stride, selective = PEERS[peer]
+    model = copy.deepcopy(model)
+    index = 0
+    for container in _block_lists(name, model):
+        for key in list(container._modules):
+            if index % stride == 0:
+                container._modules[key] = Blockwise(container._modules[key], selective)
+            index += 1
+    return model
 
 
 def every_block(name: str, model: torch.nn.Module) -> torch.nn.Module:
-    model = copy.deepcopy(model)
-    if name == "gpt2":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        return model
-    if name == "resnet50":
-        for layer in (model.layer1, model.layer2, model.layer3, model.layer4):
-            for i in range(len(layer)):
-                layer[i] = Blockwise(layer[i])
-    else:  # vit_b_16
-        layers = model.encoder.layers
-        for key in list(layers._modules):
-            layers._modules[key] = Blockwise(layers._modules[key])
-    return model
+    return by_hand(name, model, "every block")
 
 
 def _step(module, inputs) -> float:
@@ -136,10 +179,11 @@ def run_model(name: str, steps: int, quick: bool) -> tuple[list[Point], dict[str
     points = [Point("no checkpoint", remat.measure_peak(model, inputs), alone, 1.0, 0.0, 0.0)]
     print(f"{name}: no checkpoint {fmt_bytes(points[0].peak)} {alone:.2f}s", flush=True)
 
-    blocks = every_block(name, model)
-    points.append(Point("every block", remat.measure_peak(blocks, inputs), *paired_time(model, blocks, inputs, steps),
-                        0.0, recompute_of(blocks, inputs, base.bwd, step_flops)))
-    del blocks
+    for peer in PEERS:
+        hand = by_hand(name, model, peer)
+        points.append(Point(peer, remat.measure_peak(hand, inputs), *paired_time(model, hand, inputs, steps),
+                            0.0, recompute_of(hand, inputs, base.bwd, step_flops)))
+        del hand
 
     for budget in ((0.0, 0.2, 0.5, 1.0) if quick else (0.0, 0.2, 0.5, 0.75, 1.0)):
         start = time.perf_counter()
@@ -179,6 +223,18 @@ def run_model(name: str, steps: int, quick: bool) -> tuple[list[Point], dict[str
             del gm
             gc.collect()
     more, notes = targeted(model, inputs, work.shared_inputs, points[1].peak, steps)
+    for peer in ("every 2nd block", "op-level SAC"):  # remat given each peer's measured peak as its budget
+        peak = next(p.peak for p in points if p.system == peer)
+        try:
+            gm = remat.checkpoint(model, inputs, budget=int(peak), shared_inputs=work.shared_inputs)
+        except remat.InfeasibleBudget as e:
+            notes[f"@{peer} peak"] = f"infeasible: remat's floor {fmt_bytes(e.min_bytes or 0)}"
+            continue
+        more.append(Point(f"remat rotor @{peer} peak", remat.measure_peak(gm, inputs),
+                          *paired_time(model, gm, inputs, steps), gm.remat_plan.info.solve_seconds,
+                          gm.remat_plan.recompute_ratio, predicted_overhead(gm.remat_plan)))
+        del gm
+        gc.collect()
     points += more
     for p in points:
         print(f"{name}: {p.system:28s} {fmt_bytes(p.peak):>12} {p.ratio:6.2f}x", flush=True)
