@@ -164,7 +164,7 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
         sub1 = window[k, tt, out_start[ss, k - 1]]
         room_start = (width + credit[k, tt] - xfree_slots[ss]).clamp(0, 2 * width)  # its inputs still held
         sub2 = window[ss, k - 1, room_start]
-        opt2 = sub1.add(sub2).add_(first_forward)
+        opt2 = sub1.add_(sub2).add_(first_forward)  # (sub1 is a gathered copy: in place)
         opt2.masked_fill_(disc[ss, k - 1][..., None] > m, INF)
         v2, arg2 = opt2.min(dim=1)
         better = v2 < best
@@ -175,10 +175,16 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
             # option 3: the same, keeping the expensive ops' outputs; s..k-1 is then recomputed
             # with everything kept (it must fit once k..t is done), costing only the cheap ops
             sub3 = window[k, tt, sel_start[ss, k - 1]]
-            opt3 = sub3.add(first_forward).add_((psc[k] - psc[s][:, None])[..., None])
-            room = (m[None, None, :] + (credit[k, tt] - xfree_slots[ss])[..., None]).clamp(max=n_slots)
-            refused = (pu[k] - pu[s][:, None] > 0)[..., None]  # a stage whose kept output is overwritten
-            opt3.masked_fill_((sel_disc[ss, k - 1][..., None] > m) | (need[ss, k - 1][..., None] > room) | refused, INF)
+            opt3 = sub3.add_(first_forward).add_((psc[k] - psc[s][:, None])[..., None])
+            # infeasible below a threshold of m: the forward with its keeps (sel_disc > m), the
+            # recomputation once k..t is done (need > min(m + credit - xfree, n_slots)); never for a
+            # region over a stage whose kept output a later op overwrites (one compare per cell)
+            credit_k = credit[k, tt] - xfree_slots[ss]
+            need_k = need[ss, k - 1]
+            below = torch.maximum(sel_disc[ss, k - 1], need_k - credit_k)
+            never = (need_k > n_slots) | (pu[k] - pu[s][:, None] > 0)
+            below.masked_fill_(never, 2 * width)
+            opt3.masked_fill_(m < below[..., None], INF)
             v3, arg3 = opt3.min(dim=1)
             sel = v3 < value
             value = torch.where(sel, v3, value)
