@@ -270,3 +270,26 @@ def test_a_code_file_for_an_export_trace_runs_on_its_own(tmp_path):
         sys.path.remove(str(tmp_path))
     new = assert_same_step(model, pair_planned.load, (x,), kwargs={"scale": scale})
     assert "_in_spec" in path.read_text() and set(new(x, scale=scale)) == {"out", "h"}
+
+
+def test_a_copy_of_a_model_waiting_for_its_first_call_plans_itself():
+    """checkpoint_ without example inputs plans at the first training call; a deep copy made before
+    it (a Trainer's model_init, an EMA copy) plans itself and leaves the original waiting."""
+    import copy
+
+    from remat.zoo import ResidualMLP
+
+    torch.manual_seed(0)
+    model = ResidualMLP(width=64, depth=4, p=0.0)
+    reference = copy.deepcopy(model)
+    remat.checkpoint_(model, budget=0.5)
+    twin = copy.deepcopy(model)
+    x = torch.randn(4, 64, 64)
+    twin(x).sum().backward()
+    reference(x).sum().backward()
+    assert twin.remat_plan.regions and model.__dict__.get("remat_plan") is None
+    assert all(p.grad is None for p in model.parameters())
+    for p, q in zip(twin.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-6, rtol=1e-5)
+    with torch.no_grad():
+        assert model(x).shape == (4, 64, 10)  # still waiting: runs its own forward

@@ -148,20 +148,20 @@ def checkpoint_(model: torch.nn.Module, example_inputs: Any = None, kwargs: dict
     if inplace.is_attached(model):
         inplace.detach(model)
 
-    def make(args: tuple, call_kwargs: dict | None) -> fx.GraphModule:
+    def make(target: torch.nn.Module, args: tuple, call_kwargs: dict | None) -> fx.GraphModule:
         if plan is not None:
-            return apply_plan(model, args, plan, call_kwargs, shared_inputs=shared_inputs)
-        return checkpoint(model, args, call_kwargs, budget=budget, solver=solver, shared_inputs=shared_inputs,
+            return apply_plan(target, args, plan, call_kwargs, shared_inputs=shared_inputs)
+        return checkpoint(target, args, call_kwargs, budget=budget, solver=solver, shared_inputs=shared_inputs,
                           slots=slots, calibrate=calibrate, device=device)
 
     if example_inputs is None and kwargs is None:
-        def at_first_call(args: tuple, call_kwargs: dict) -> fx.GraphModule:
+        def at_first_call(target: torch.nn.Module, args: tuple, call_kwargs: dict) -> fx.GraphModule:
             with progress.step("plan at the first training call", _describe_call(args, call_kwargs)):
-                return make(args, call_kwargs)
+                return make(target, args, call_kwargs)
 
         return inplace.attach_pending(model, at_first_call)
     args = _as_args(() if example_inputs is None else example_inputs)
-    return inplace.attach(model, make(args, kwargs), args, kwargs or {})
+    return inplace.attach(model, make(model, args, kwargs), args, kwargs or {})
 
 
 def _describe_call(args: tuple, kwargs: dict) -> str:

@@ -154,7 +154,7 @@ class Pending:
     inputs): whatever calls the model (Hugging Face's Trainer with its batch keys and
     ``num_items_in_batch``, accelerate, a loop of the user's) shows remat the call to plan for."""
 
-    make: Callable[[tuple, dict], torch.nn.Module]  # plans the model for a call: the generated module
+    make: Callable[[torch.nn.Module, tuple, dict], torch.nn.Module]  # plans a model for a call
     original: Callable[..., Any]
     saved: Any
     signature: inspect.Signature
@@ -165,7 +165,7 @@ class Pending:
         _restore(model, self.saved)  # planning traces the model's own forward
         model.__dict__.pop(_KEY, None)
         try:
-            gm = self.make(args, kwargs)
+            gm = self.make(model, args, kwargs)  # (the model called: a copy plans itself)
         except BaseException:
             _install(model, self, self.saved)  # the next call tries again
             raise
@@ -185,7 +185,8 @@ def _install(model: torch.nn.Module, state: "InPlace | Pending", saved: Any) -> 
     model.__dict__["forward"] = _Forward(model)
 
 
-def attach_pending(model: torch.nn.Module, make: Callable[[tuple, dict], torch.nn.Module]) -> torch.nn.Module:
+def attach_pending(model: torch.nn.Module,
+                   make: Callable[[torch.nn.Module, tuple, dict], torch.nn.Module]) -> torch.nn.Module:
     """Plan at the model's first training call (see ``Pending``); returns ``model``."""
     if is_attached(model):
         detach(model)
