@@ -1,4 +1,6 @@
 """FSDP2 planning terms (sharding.py); the two-process measurement is in test_distributed.py."""
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -39,7 +41,8 @@ def test_units_are_called_modules_that_own_their_parameters():
 def test_sharding_lowers_fixed_bytes_by_the_unit_shards():
     model, x = WithRootParam(), torch.randn(4, 16)
     plain = prepare(model, (x,))
-    two = prepare(model, (x,), world_size=2, sharding="fsdp")
+    with pytest.warns(remat.RematWarning, match="whole at the root"):  # see the last test
+        two = prepare(model, (x,), world_size=2, sharding="fsdp")
     a_bytes = sum(p.numel() * 4 for p in model.a.parameters())
     # a's gradient keeps half (16 rows -> 8 per rank); the root's parameters stay whole
     assert plain.fixed - plain.resident - (two.fixed - two.resident) == a_bytes // 2
@@ -61,3 +64,13 @@ def test_bad_sharding_arguments_raise_value_error(kwargs, match):
 def test_fully_shard_wants_the_generated_module():
     with pytest.raises(TypeError, match="GraphModule"):
         remat.fully_shard(nn.Linear(2, 2))
+
+
+def test_warns_when_the_root_would_hold_most_parameters_whole():
+    # WithRootParam's root (scale, the tied b/c weight, b's and c's biases) outweighs its one unit
+    with pytest.warns(remat.RematWarning, match="whole at the root"):
+        prepare(WithRootParam(), (torch.randn(2, 16),), world_size=2, sharding="fsdp")
+    deep = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", remat.RematWarning)
+        prepare(deep, (torch.randn(2, 16),), world_size=2, sharding="fsdp")

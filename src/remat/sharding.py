@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
 from torch import fx
 
 from .chain import Chain
+from .errors import RematWarning
+from .units import fmt_bytes
 
 __all__ = ["ShardModel", "shard_model", "shard_chain", "shard_bytes", "fully_shard", "unit_names"]
 
@@ -109,6 +112,13 @@ def shard_model(gm: fx.GraphModule, world_size: int, buffer_and_input_bytes: int
         grad_saving[node_of[name]] = saving
     root_full = sum(_full_bytes(p) for p in root)
     root_shard = sum(shard_bytes(p, world_size) for p in root)
+    unit_full = sum(g for g, _ in sizes.values())
+    if world_size > 1 and root_full > unit_full:
+        warnings.warn(
+            f"remat: FSDP2 would hold {fmt_bytes(root_full)} of {fmt_bytes(root_full + unit_full)} of parameters "
+            f"whole at the root for the whole step: the graph reads them with get_attr instead of "
+            f"calling the modules that own them ({len(units)} unit(s) called; a torch.export trace inlines every "
+            f"module call), so sharding saves little; the plan counts them whole", RematWarning, stacklevel=3)
     biggest = sorted(sizes.values(), reverse=True)[:2] + [(0, 0), (0, 0)]
     (g1, s1), (g2, s2) = biggest[0], biggest[1]
     # Around the largest unit's backward, in unit-sized (gathered) buffers g1 and shards s1:
