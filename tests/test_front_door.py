@@ -230,3 +230,11 @@ def test_the_module_map_names_every_module():
                  if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists()))
     missing = [name for name in top if f"`{name}.py`" not in text and f"`{name}/" not in text]
     assert not missing, f"docs/design.md's module map lacks {missing}"
+
+
+def test_nothing_in_remat_imports_the_command_line():
+    """The CLI sits on top of the pipeline (docs/design.md): the library never needs it."""
+    edges = _imports()
+    users = sorted(m for m, targets in edges.items() if not m.startswith("remat.cli")
+                   and any(t == "remat.cli" or t.startswith("remat.cli.") for t in targets))
+    assert not users, f"{users} import remat.cli"

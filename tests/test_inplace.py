@@ -243,7 +243,7 @@ def test_a_code_file_runs_on_its_own(run_remat, tmp_path):
 
 def test_a_code_file_for_an_export_trace_runs_on_its_own(tmp_path):
     """torch.export traces read pytree specs and a guard module the model lacks: the file rebuilds them."""
-    from remat.standalone import write_module
+    from remat.cli.standalone import write_module
 
     class Pair(torch.nn.Module):
         def __init__(self):

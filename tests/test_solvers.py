@@ -253,7 +253,7 @@ def test_budgeted_plans_fit_measured_and_train_exactly(solver):
 def test_recompute_never_grows_with_the_budget():
     """What rotor minimizes, the predicted recompute time, never grows with the budget (FLOPs may:
     a memory-bound op can cost more time per FLOP than a matmul)."""
-    from remat.sweep import sweep
+    from remat.cli.sweep import sweep
 
     rows = sweep(ResidualMLP(width=128, depth=8), (torch.randn(8, 64, 128),), points=6, solvers=("rotor",))
     feasible = [r for r in rows if r.peak_bytes is not None]

@@ -7,7 +7,7 @@ import torch
 
 import remat
 from remat.profiler.step import simulate_step
-from remat.sweep import Sweep, SweepRow, pareto_figure
+from remat.cli.sweep import Sweep, SweepRow, pareto_figure
 from remat.timeline import draw_timeline, step_timeline
 from remat.zoo import ResidualMLP
 

@@ -1,5 +1,5 @@
-"""What each ``remat`` command does once its arguments are parsed (cli.py): build the model, run the
-pipeline, print.  Torch-free at import, like cli.py: each command imports what it needs."""
+"""What each ``remat`` command does once its arguments are parsed (main.py): build the model, run the
+pipeline, print.  Torch-free at import, like main.py: each command imports what it needs."""
 from __future__ import annotations
 
 import argparse
@@ -8,9 +8,9 @@ import logging
 import time
 from typing import Any
 
-from . import progress
-from .budget import Budget, parse_budget
-from .solvers.registry import SOLVERS
+from .. import progress
+from ..budget import Budget, parse_budget
+from ..solvers.registry import SOLVERS
 
 __all__ = ["cmd_flops", "cmd_profile", "cmd_plan", "cmd_sweep", "PROFILE_COLUMNS"]
 
@@ -34,7 +34,7 @@ def _needs_matplotlib(flag: str, value: str | None) -> None:
 def _build(args: argparse.Namespace, meta_inputs: bool = False) -> Any:
     import torch
 
-    from . import zoo
+    from .. import zoo
 
     spec = args.spec
     seq = getattr(args, "seq", None)
@@ -59,7 +59,7 @@ def _check_measure_device(args: argparse.Namespace) -> None:
 
 
 def cmd_flops(args: argparse.Namespace) -> int:
-    from .profiler import count_flops
+    from ..profiler import count_flops
 
     work = _build(args, meta_inputs=True)
     start = time.perf_counter()
@@ -72,9 +72,9 @@ def cmd_flops(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from .api import profile
-    from .measure import measure_peak
-    from .units import fmt_bytes
+    from ..api import profile
+    from ..measure import measure_peak
+    from ..units import fmt_bytes
 
     _check_measure_device(args)
     work = _build(args, meta_inputs=not args.measure)
@@ -103,7 +103,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 def _below_floor(work: Any, args: argparse.Namespace, budget_bytes: int, floor: int, fixed: int,
                  unconstrained: int, verified: bool) -> str:
     """The one line the CLI prints when the budget is below what checkpointing reaches."""
-    from .units import fmt_bytes
+    from ..units import fmt_bytes
 
     fraction = min(1.0, (floor - fixed) / max(1, unconstrained - fixed))
     shown = f"{args.budget.fraction:g}" if args.budget.fraction is not None else fmt_bytes(budget_bytes)
@@ -123,11 +123,11 @@ def _below_floor(work: Any, args: argparse.Namespace, budget_bytes: int, floor: 
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .errors import InfeasibleBudget
-    from .measure import measure_peak, measure_series
-    from .planner import plan_problem, prepare
-    from .solvers.registry import SolveSettings, get_solver
-    from .units import fmt_bytes
+    from ..errors import InfeasibleBudget
+    from ..measure import measure_peak, measure_series
+    from ..planner import plan_problem, prepare
+    from ..solvers.registry import SolveSettings, get_solver
+    from ..units import fmt_bytes
 
     solver = get_solver(args.solver)
     if args.sharding and args.measure:
@@ -206,7 +206,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         plan.to_json(args.save)
         print(f"saved the plan to {args.save}")
     if args.timeline:
-        from .timeline import draw_timeline, plan_timeline
+        from ..timeline import draw_timeline, plan_timeline
 
         with progress.step("timeline"):
             data = plan_timeline(problem, gm, plan)

@@ -14,11 +14,12 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from . import commands, progress
-from .budget import Budget, parse_budget
+from .. import progress
+from . import commands
+from ..budget import Budget, parse_budget
 from .commands import PROFILE_COLUMNS
-from .solvers.registry import DEFAULT_SLOTS, SOLVERS
-from .specs import DEFAULT_SPEC, parse_spec
+from ..solvers.registry import DEFAULT_SLOTS, SOLVERS
+from ..specs import DEFAULT_SPEC, parse_spec
 
 __all__ = ["main", "build_parser", "PROFILE_COLUMNS"]
 
@@ -71,7 +72,7 @@ def _version() -> str:
     """remat's version and the torch it would run with, without importing torch."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from . import __version__
+    from .. import __version__
 
     try:
         torch_version = version("torch")
@@ -200,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())  # factory specs in the current directory (`remat` the script lacks it)
     _configure(args)
-    from .errors import RematError
+    from ..errors import RematError
 
     try:
         return args.run(args)
@@ -213,6 +214,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         progress.disable()
 
-
-if __name__ == "__main__":
-    sys.exit(main())

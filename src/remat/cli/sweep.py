@@ -7,12 +7,12 @@ from typing import Any
 
 import torch
 
-from . import progress as _progress
-from .budget import Budget
-from .errors import InfeasibleBudget
-from .planner import plan_problem, prepare, smallest_budget
-from .solvers.registry import SOLVERS, get_solver
-from .units import fmt_bytes
+from .. import progress as _progress
+from ..budget import Budget
+from ..errors import InfeasibleBudget
+from ..planner import plan_problem, prepare, smallest_budget
+from ..solvers.registry import SOLVERS, get_solver
+from ..units import fmt_bytes
 
 __all__ = ["Sweep", "SweepRow", "sweep", "sweep_table", "draw_pareto", "pareto_figure"]
 
@@ -53,7 +53,7 @@ class Sweep:
 
 
 def _measure(gm: torch.nn.Module, args: tuple, kwargs: dict | None) -> int:
-    from .measure import measure_peak
+    from ..measure import measure_peak
 
     return measure_peak(gm, args, kwargs)
 
