@@ -64,3 +64,14 @@ class DictOutput(nn.Module):
     def forward(self, x):
         h = self.enc(x)
         return {"hidden": h, "first": h[:, 0], "score": (h * x).sum(-1)}
+
+
+def traced_chain(model: nn.Module, inputs: tuple, shared: tuple[str, ...] = ()):
+    """The trace of ``model``, profiled, and its linearization (test_chain.py, test_codegen.py)."""
+    import remat
+    from remat.chain import linearize
+    from remat.profiler.model import profile_graph
+
+    gm = remat.trace(model, inputs)
+    profile_graph(gm, inputs)
+    return gm, linearize(gm, shared)
