@@ -18,7 +18,7 @@ import tempfile
 import time
 
 import remat
-from remat.planner.problem import trace_and_profile
+from remat.profiled import trace_and_profile
 from remat.units import fmt_bytes
 from remat.zoo import build
 

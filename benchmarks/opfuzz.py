@@ -37,7 +37,7 @@ import torch
 
 import remat
 from common import md_table, write_result
-from remat.planner.problem import trace_and_profile
+from remat.profiled import trace_and_profile
 from opfuzz_cases import BUILDERS, SIDE_FAMILIES, WEIGHTS, Case
 
 FAMILIES = list(BUILDERS)

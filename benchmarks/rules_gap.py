@@ -18,7 +18,7 @@ from collections import defaultdict
 import torch
 
 import remat
-import remat.planner.problem as problem
+import remat.profiled as problem
 from opfuzz import build, family_of, real_step
 from remat.profiler.calibrate import Calibration, calibration_for
 from remat.profiler.dispatch import KernelMemory, RuleScratch

@@ -238,3 +238,15 @@ def test_nothing_in_remat_imports_the_command_line():
     users = sorted(m for m, targets in edges.items() if not m.startswith("remat.cli")
                    and any(t == "remat.cli" or t.startswith("remat.cli.") for t in targets))
     assert not users, f"{users} import remat.cli"
+
+
+def test_profiling_needs_no_planner():
+    """``remat.profile`` stops where planning starts (profiled.py): no search, solver or sharding
+    module is imported to profile a model."""
+    code = ("import sys, torch, remat\n"
+            "remat.profile(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()), torch.randn(2, 4))\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('remat.planner', 'remat.sharding', "
+            "'remat.solvers.rotor', 'remat.solvers.chen', 'remat.api'))))\n")
+    done = subprocess.run([sys.executable, "-c", code], env=remat_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

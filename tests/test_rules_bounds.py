@@ -168,7 +168,7 @@ class _Recorder:
 def test_each_convolution_rule_bounds_its_measured_kernel(name: str, monkeypatch) -> None:
     """Op by op (the step peak can hide a kernel, as the bias-only backward's 1 MB under a larger
     forward): every convolution call's rule scratch is at least what the kernel measured here."""
-    import remat.planner.problem as problem
+    import remat.profiled as problem
 
     recorder = _Recorder()
     monkeypatch.setattr(problem, "calibration_for", recorder.calibration_for)

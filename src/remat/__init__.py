@@ -24,7 +24,7 @@ _LAZY: dict[str, tuple[str, str, bool]] = {
     "apply_plan": (".api", "apply_plan", False),
     "checkpoint": (".api", "checkpoint", False),
     "checkpoint_": (".api", "checkpoint_", False),
-    "profile": (".api", "profile", False),
+    "profile": (".profiled", "profile", False),
     "restore_": (".api", "restore_", False),
     "InfeasibleBudget": (".errors", "InfeasibleBudget", False),
     "InternalError": (".errors", "InternalError", False),

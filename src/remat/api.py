@@ -14,16 +14,11 @@ from . import timeline as _timeline
 from .budget import parse_budget
 from .errors import public
 from .planner import Problem, apply_regions, plan_problem, prepare
-from .planner.problem import trace_and_profile
-from .profiler.model import ModelProfile
+from .profiled import as_args, profile
 from .solvers.base import Plan
 from .solvers.registry import DEFAULT_SLOTS, SolveSettings, get_solver
 
 __all__ = ["profile", "checkpoint", "checkpoint_", "restore_", "apply_plan"]
-
-
-def _as_args(example_inputs: Any) -> tuple:
-    return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
 
 
 def _unaliased(args: tuple, kwargs: dict | None) -> tuple[tuple, dict | None]:
@@ -47,24 +42,6 @@ def _unaliased(args: tuple, kwargs: dict | None) -> tuple[tuple, dict | None]:
     from torch.utils._pytree import tree_map
 
     return tree_map(fresh, args), (None if kwargs is None else tree_map(fresh, kwargs))
-
-
-@public
-def profile(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | None = None, *,
-            calibrate: bool | None = None, device: str | torch.device | None = None) -> ModelProfile:
-    """Predict FLOPs, per-node memory and the peak of one training step, on fake tensors.
-
-    The model is traced (it is not modified) and its step simulated without allocating real
-    memory: ``example_inputs`` may live on the meta device.  Kernel scratch is measured op by op
-    on this machine when the inputs are real CPU tensors (``calibrate=None``; True/False force it),
-    else bounded by the memory rules.  ``device="cuda"`` predicts the step on a GPU (its kernels,
-    its allocator's accounting) for a model and inputs on the CPU or meta; default: where they are.
-
-    The step predicted is the traced one, which frees each value after its last use, as every
-    module remat generates does; Python code that keeps intermediates in locals until its function
-    returns (``nn.MultiheadAttention`` with ``need_weights``) can peak a little higher run eagerly.
-    """
-    return trace_and_profile(model, _as_args(example_inputs), kwargs, calibrate, device=device).profile
 
 
 @public
@@ -96,7 +73,7 @@ def checkpoint(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | 
     parsed = None if budget is None else parse_budget(budget)
     if parsed is not None and parsed.minimum and not get_solver(solver).budgeted:
         raise ValueError(f"budget='min' needs a solver that plans under a budget, not {solver!r}")
-    args, kwargs = _unaliased(_as_args(example_inputs), kwargs)
+    args, kwargs = _unaliased(as_args(example_inputs), kwargs)
     problem = prepare(model, args, kwargs, tuple(shared_inputs),
                       world_size=world_size, sharding=sharding, calibrate=calibrate, device=device)
     with progress.step("plan", f"{solver}, budget {parsed}" if parsed else solver):
@@ -160,7 +137,7 @@ def checkpoint_(model: torch.nn.Module, example_inputs: Any = None, kwargs: dict
                 return make(target, args, call_kwargs)
 
         return inplace.attach_pending(model, at_first_call)
-    args = _as_args(() if example_inputs is None else example_inputs)
+    args = as_args(() if example_inputs is None else example_inputs)
     return inplace.attach(model, make(model, args, kwargs), args, kwargs or {})
 
 
@@ -190,7 +167,7 @@ def apply_plan(model: torch.nn.Module, example_inputs: Any, plan: Plan, kwargs: 
     A plan holds for the input shapes it was made for (``plan.info["inputs"]``): inputs of other
     shapes are refused unless ``allow_other_shapes=True`` (the budget was not checked for them).
     """
-    args, kwargs = _unaliased(_as_args(example_inputs), kwargs)
+    args, kwargs = _unaliased(as_args(example_inputs), kwargs)
     problem: Problem = prepare(model, args, kwargs, tuple(shared_inputs))
     planned = plan.info.inputs or None
     contract = problem.gm.remat_contract

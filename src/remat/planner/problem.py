@@ -11,26 +11,20 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
-from torch.utils._pytree import tree_leaves
-
-from .. import progress
 from ..chain import Chain, linearize
-from ..codegen import NodeRegion, build
-from ..fake import target_device
+from ..codegen import NodeRegion
 from ..margin import Margin, margin_for
-from ..profiler.calibrate import Calibration, calibration_for
+from ..profiler.calibrate import Calibration
 from ..profiler.dispatch import ScratchSource, Target
 from ..profiler.bound import Bound
-from ..profiler.model import ModelProfile, profile_graph
+from ..profiler.model import ModelProfile
 from ..profiler.step import simulate_step
 from ..profiler.timing import machine
 from ..sharding import SHARDINGS, ShardModel, shard_chain, shard_model
 from ..solvers.model import ChainModel
-from ..trace import trace
-from .inputs import contract, user_regions
+from ..profiled import trace_and_profile
 
-__all__ = ["Granularity", "Problem", "Profiled", "prepare", "coarsen", "trace_and_profile", "resolve_device",
-           "MAX_STAGES"]
+__all__ = ["Granularity", "Problem", "prepare", "coarsen", "MAX_STAGES"]
 
 # The rotor table grows as stages^2 x slots: 128 stages keep one solve under a second or two on 2
 # cores (benchmarks/solvers.py times the DP), and deep models keep blocks of a few layers each.
@@ -57,7 +51,7 @@ class Problem:
     kwargs: dict
     profile: ModelProfile
     baseline: fx.GraphModule  # the step as the model runs it: with its own checkpoint calls, if any
-    user_regions: tuple[NodeRegion, ...] = ()  # the model's own checkpoint calls (planner/inputs.py)
+    user_regions: tuple[NodeRegion, ...] = ()  # the model's own checkpoint calls (inputs.py)
     levels: dict[str, Granularity] = field(default_factory=dict)
     target: Target = field(default_factory=Target)
     scratch: ScratchSource | None = None  # None: the memory rules' bounds (else measured, calibrate.py)
@@ -144,56 +138,6 @@ def coarsen(model: ChainModel, max_stages: int) -> tuple[ChainModel, list[tuple[
     if len(groups) == len(model):
         return model, groups
     return model.merged(groups), groups
-
-
-@dataclass
-class Profiled:
-    """A traced and profiled model: the trace (the model's checkpoint calls inlined), the module
-    that runs the step as the model does (``baseline``), and where kernel scratch came from."""
-
-    gm: fx.GraphModule
-    profile: ModelProfile  # peak_bytes: the baseline's; inlined_peak_bytes: the trace's
-    baseline: fx.GraphModule
-    user_regions: tuple[NodeRegion, ...]
-    target: Target
-    scratch: ScratchSource | None
-
-
-def resolve_device(device: str | torch.device | None, tensors: list[torch.Tensor]) -> torch.device:
-    """The device a plan is for: ``device`` ("cpu", "cuda", "cuda:1"), or where the model's tensors
-    are (the CPU for meta tensors)."""
-    if device is None:
-        return target_device(tensors)
-    found = torch.device(device)
-    if found.type not in ("cpu", "cuda"):
-        raise ValueError(f"remat plans for device 'cpu' or 'cuda', not {str(device)!r}")
-    if found.type == "cuda" and found.index is None:
-        found = torch.device("cuda", 0)
-    return found
-
-
-def trace_and_profile(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
-                      calibrate: bool | None = None, check: bool = True,
-                      device: str | torch.device | None = None) -> Profiled:
-    """Trace ``model`` and profile one step of the trace for ``device`` (default: the device its
-    tensors are on); with the model's own checkpoint calls, the step's peak is the one with them
-    in place."""
-    with progress.step("trace and check" if check else "trace"):
-        gm = trace(model, args, kwargs, check=check)
-    tensors = [t for t in (*model.parameters(), *model.buffers(), *tree_leaves((args, kwargs)))
-               if isinstance(t, torch.Tensor)]
-    target = Target(resolve_device(device, tensors))
-    scratch = calibration_for(target, tensors, calibrate)
-    with progress.step("profile"):
-        prof = profile_graph(gm, args, kwargs, target, scratch)
-    gm.remat_contract = contract(gm, target.threads)
-    regions = user_regions(gm)
-    baseline = build(gm, regions)
-    if regions:
-        prof.peak_bytes = simulate_step(baseline, args, kwargs, target=target, scratch=scratch).peak
-    if scratch is not None:
-        scratch.flush()
-    return Profiled(gm, prof, baseline, regions, target, scratch)
 
 
 def prepare(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,

@@ -8,7 +8,7 @@ model's own checkpoint calls become recorded regions (``capture.py``).
 
 Every dimension of every tensor input is exported as ``Dim.AUTO``: export keeps a dimension
 dynamic unless the model's code pins it, so the module accepts other batch sizes and sequence
-lengths; the placeholders' recorded shapes say which stayed dynamic (planner/inputs.py: the shape
+lengths; the placeholders' recorded shapes say which stayed dynamic (inputs.py: the shape
 contract, ``runtime.check_inputs``).
 """
 from __future__ import annotations

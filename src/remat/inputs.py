@@ -15,11 +15,11 @@ import torch
 from torch import fx
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
-from ..codegen import NodeRegion, region_options
-from ..errors import RematWarning
-from ..profiler.node import META_KEY
-from ..runtime import InputContract
-from ..trace.capture import REGION_KEY, UserRegion
+from .codegen import NodeRegion, region_options
+from .errors import RematWarning
+from .profiler.node import META_KEY
+from .runtime import InputContract
+from .trace.capture import REGION_KEY, UserRegion
 
 __all__ = ["contract", "user_regions"]
 
