@@ -71,7 +71,10 @@ def user_regions(gm: fx.GraphModule) -> tuple[NodeRegion, ...]:
         for depth, rid in enumerate(ids):
             spans.setdefault(rid, []).append(i)
             parent.setdefault(rid, ids[depth - 1] if depth else None)
-    compute = [i for i, n in enumerate(nodes) if n.op not in ("placeholder", "get_attr", "output")]
+    # nodes that make no tensor (export's symbolic scalars, such as ``training * 0.1`` for a dropout
+    # probability) carry no region mark wherever they sit; a span that holds them still runs as one
+    compute = [i for i, n in enumerate(nodes) if n.op not in ("placeholder", "get_attr", "output")
+               and getattr(n.meta.get(META_KEY), "tensor_out", True)]
     kept: dict[int, tuple[int, int]] = {}
     for rid, where in spans.items():
         first, last = min(where), max(where)
