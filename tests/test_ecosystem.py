@@ -125,10 +125,16 @@ def test_the_real_trainer_with_default_arguments_runs_the_plan(monkeypatch, how)
         torch.testing.assert_close(p, q, atol=0, rtol=0, msg=lambda m: f"{name}: {m}")
 
 
-def test_accelerate_prepare_runs_the_plan(monkeypatch):
+@pytest.mark.parametrize("precision", ["no", "bf16"])
+def test_accelerate_prepare_runs_the_plan(monkeypatch, precision):
+    """``mixed_precision="bf16"`` (the Trainer's ``bf16=True``) plans at the first call, under
+    accelerate's autocast: the regions keeping matmul outputs failed in the backward ("aten._to_copy
+    invocation index 1 ... not found in storage"): the planning's steps had cached every weight's
+    bf16 cast, so the forward cast nothing while the recomputation, in a fresh autocast block, did."""
     def run(model, plan: bool) -> tuple[list[float], torch.nn.Module]:
         torch.manual_seed(0)
-        acc = accelerate.Accelerator(cpu=True)
+        accelerate.state.AcceleratorState._reset_state(True)
+        acc = accelerate.Accelerator(cpu=True, mixed_precision=precision)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         rows = torch.randint(0, 500, (24, 32), generator=torch.Generator().manual_seed(1))
         data = torch.utils.data.DataLoader([{"input_ids": x, "labels": x} for x in rows], batch_size=8)
@@ -147,9 +153,15 @@ def test_accelerate_prepare_runs_the_plan(monkeypatch):
     calls = _covered_calls(monkeypatch)
     planned, model = run(_gpt2(), True)
     plain, reference = run(_gpt2(), False)
-    assert model.remat_plan.regions and calls["planned"] == 3 and planned == plain
+    assert model.remat_plan.regions and calls["planned"] == 3
+    if precision == "bf16":  # the case that failed: regions keeping matmul outputs
+        assert any(r.policy == "save-compute" for r in model.remat_plan.regions)
+    # bf16: the export graph rounds some sums differently; AdamW turns a near-zero gradient's sign
+    # into a step of about lr (1e-3), so after 3 steps parameters agree to a few lr
+    exact = precision == "no"
+    torch.testing.assert_close(planned, plain, atol=0 if exact else 1e-3, rtol=0 if exact else 1e-2)
     for p, q in zip(model.parameters(), reference.parameters()):
-        assert torch.equal(p, q)
+        torch.testing.assert_close(p, q, atol=0 if exact else 3e-3 + 1e-6, rtol=0 if exact else 1e-2)
 
 
 def test_a_call_with_another_dtype_runs_the_original_with_a_warning():

@@ -1,5 +1,11 @@
 """Inputs people really pass: one training step of the checkpointed module against the original."""
+import contextlib
 import dataclasses
+import importlib
+import re
+import subprocess
+import sys
+import warnings
 
 import pytest
 import torch
@@ -7,6 +13,7 @@ from torch import nn
 
 import remat
 
+from conftest import remat_env
 from models import DictOutput, MultiOutput, SharedParams, ViewsAndInplace
 from remat.testing import assert_same_step
 
@@ -190,3 +197,65 @@ class RaisesKeyError(nn.Module):
 def test_errors_of_the_users_model_are_not_disguised():
     with pytest.raises(KeyError, match="missing"):
         remat.measure_peak(RaisesKeyError(), (torch.randn(2),))
+
+
+@pytest.mark.parametrize("frontend", ["symbolic_trace", "export"])
+def test_a_call_under_another_autocast_than_planned_is_refused_or_warned(monkeypatch, frontend):
+    """The plan is for the autocast around the planned call.  A torch.export graph asserts the
+    planned dtypes: called under another autocast it failed inside the graph with "Tensor dtype
+    mismatch! Expected: Float, Got: c10::BFloat16"; now a ShapeError says why and what to do.  A
+    symbolic trace runs, with a warning that the budget may not hold (bf16 planned, fp32 run: twice
+    the activations)."""
+    import importlib
+
+    trace = importlib.import_module("remat.trace")  # (remat.trace is the function)
+    monkeypatch.setattr(trace, "FRONTENDS", {frontend: trace.FRONTENDS[frontend]})
+    x = torch.randn(8, 16)
+    bf16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    mlp = lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))  # noqa: E731
+    plain = remat.checkpoint(mlp(), (x,), solver="every-stage")
+    with bf16():
+        mixed = remat.checkpoint(mlp(), (x,), solver="every-stage")
+    assert plain.remat_frontend == mixed.remat_frontend == frontend
+    for gm, around, said in ((plain, bf16, "planned without autocast and this call runs under torch.autocast"),
+                             (mixed, contextlib.nullcontext, "planned under torch.autocast('cpu', dtype=torch."
+                                                             "bfloat16) and this call runs without")):
+        with around():
+            if frontend == "export":
+                with pytest.raises(remat.ShapeError, match=re.escape(said)):
+                    gm(x)
+            else:
+                with pytest.warns(remat.RematWarning, match=re.escape(said)):
+                    gm(x)
+        with (bf16() if gm is mixed else contextlib.nullcontext()), warnings.catch_warnings():
+            warnings.simplefilter("error", remat.RematWarning)
+            gm(x)  # as planned: no word
+
+
+def test_checkpoint_in_place_runs_the_original_forward_under_another_autocast(monkeypatch):
+    monkeypatch.setattr(importlib.import_module("remat.trace"), "FRONTENDS",
+                        {"export": importlib.import_module("remat.trace").FRONTENDS["export"]})
+    x = torch.randn(8, 16)
+    model = remat.checkpoint_(KwargsModel(), (x,), solver="every-stage")
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.warns(remat.RematWarning, match="original forward"):
+        out = model(x)
+    assert out.dtype == torch.bfloat16
+
+
+def test_planning_leaves_the_random_stream_as_it_was(tmp_path):
+    """With a cold cache, measuring the machine drew its test matrices from torch's global
+    generator: the first step after planning (checkpoint_ plans inside it) drew other dropout masks
+    than the same step without remat, so a run's losses depended on what the cache held."""
+    code = ("import torch, remat\n"
+            "from remat.zoo import ResidualMLP\n"
+            "model, x = ResidualMLP(width=64, depth=4, p=0.2), torch.randn(256, 64)\n"
+            "torch.manual_seed(1)\n"
+            "remat.checkpoint(model, (x,), budget='min')\n"
+            "after = torch.rand(3)\n"
+            "torch.manual_seed(1)\n"
+            "print(torch.equal(after, torch.rand(3)))\n")
+    env = remat_env(REMAT_CACHE_DIR=str(tmp_path))  # a cold cache: the machine is measured
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
+    assert list(tmp_path.glob("machine-cpu-*")), "the machine was not measured: the test checks nothing"

@@ -48,10 +48,6 @@ _MISSING = _Missing()
 _PLAIN = (bool, int, float, str, bytes, type(None))
 
 
-def _autocast_state() -> tuple[Any, ...]:
-    return tuple((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda"))
-
-
 def _has_tensor(value: Any) -> bool:
     return any(isinstance(t, torch.Tensor) for t in tree_leaves(value))
 
@@ -112,7 +108,6 @@ class InPlace:
     passed: frozenset[str]
     constants: dict[str, Any]  # non-tensor arguments of the planned call
     training: bool
-    autocast: tuple[Any, ...]
 
     def covers(self, model: torch.nn.Module, call: _Call | None) -> str | None:
         """Why the planned code does not cover this call (None: it does)."""
@@ -137,9 +132,6 @@ class InPlace:
                            f"checkpointing: {why}. Plan with the call you train with (remat.checkpoint_).")
             return self.original(*args, **kwargs)
         assert call is not None
-        if self.autocast != _autocast_state() and any(on for on, _ in self.autocast):
-            _warn_once(model, "autocast", "remat: the plan was made under torch.autocast and this call runs under "
-                       "another autocast state: its activations are larger than planned and the budget may not hold")
         try:
             return self.module(*(call.values[n] for n in self.positional),
                                **{n: call.values[n] for n in self.keywords})
@@ -252,7 +244,7 @@ def attach(model: torch.nn.Module, gm: torch.nn.Module, args: tuple, kwargs: dic
         signature=signature,
         positional=positional, keywords=tuple(kwargs), passed=call.passed,
         constants={n: v for n, v in call.values.items() if n in call.passed and not _has_tensor(v)},
-        training=model.training, autocast=_autocast_state())
+        training=model.training)
     _install(model, state, state.saved)
     model.__dict__["remat_plan"] = getattr(gm, "remat_plan", None)
     return model

@@ -18,7 +18,7 @@ from torch.fx.experimental.symbolic_shapes import is_concrete_int
 from .codegen import NodeRegion, region_options
 from .errors import RematWarning
 from .profiler.node import META_KEY
-from .runtime import InputContract
+from .runtime import InputContract, autocast_state
 from .trace.capture import REGION_KEY, UserRegion
 
 __all__ = ["contract", "user_regions"]
@@ -48,7 +48,7 @@ def contract(gm: fx.GraphModule, threads: int) -> InputContract:
         dtypes.append(None if shape is None else prof.dtype)
     # torch.export graphs assert each input's dtype; symbolic_trace graphs run any dtype
     return InputContract(tuple(names), tuple(shapes), tuple(dynamic), threads, tuple(dtypes),
-                         getattr(gm, "remat_frontend", "") == "export")
+                         getattr(gm, "remat_frontend", "") == "export", autocast_state())
 
 
 def _user_options(gm: fx.GraphModule, span: tuple[int, int], call: UserRegion | None) -> str:

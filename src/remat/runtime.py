@@ -8,7 +8,9 @@ Keep these names stable: a module written out with ``remat plan --code`` or pick
 * ``check_inputs``: the shape contract of a plan.  It covers inputs up to the planned shapes:
   smaller batches and sequences run exactly; a larger one runs but warns (``RematWarning``) that
   the budget no longer holds; a dimension the trace pinned raises ``ShapeError``; more CPU threads
-  than the plan assumed warn too (per-thread kernel scratch grows with them).
+  than the plan assumed warn too (per-thread kernel scratch grows with them), and so does a call
+  under another ``torch.autocast`` than the planned one (a ``ShapeError`` for torch.export graphs,
+  which assert the planned dtypes).
 * ``RematModule``: the GraphModule class of generated modules; it pickles as its code and state
   (fx would re-trace the code, inlining the checkpoint calls) and ``restore`` reads it back.
 """
@@ -223,6 +225,28 @@ class _Both:
         return self.stack.__exit__(*exc)
 
 
+class _AutocastCacheOff:
+    """Autocast's cast cache off from here to the end of a keeping region's forward.
+
+    Under autocast a parameter is cast once per outermost autocast block and the cast reused, so a
+    region's forward dispatches no cast for a parameter cast earlier (by an earlier region, a tied
+    weight, or a step run before in the same block), while its recomputation, in a fresh block,
+    does; torch's selective checkpoint replays the forward's op sequence and fails on the extra
+    ``aten._to_copy``.  Without the cache both dispatch the same casts.  Created inside
+    ``context_fn``, which torch calls before it records the autocast state (``cache_enabled``
+    included) that the recomputation re-enters."""
+
+    def __init__(self) -> None:
+        self.before = torch.is_autocast_cache_enabled()
+        torch.set_autocast_cache_enabled(False)
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc: object) -> None:
+        torch.set_autocast_cache_enabled(self.before)
+
+
 def context(module: torch.nn.Module, save: str = "", freeze: str = "", state: tuple[str, ...] = (),
             region: str = "") -> dict[str, Any]:
     """Keyword arguments for one checkpoint call: a ``context_fn`` for what its region needs.
@@ -252,6 +276,8 @@ def context(module: torch.nn.Module, save: str = "", freeze: str = "", state: tu
         if save:
             forward, recompute = create_selective_checkpoint_contexts(_KeepGuard(region))
             recompute = _Translated(recompute, region)
+            if autocast_state():
+                forward = _Both(_AutocastCacheOff(), forward)
         # The freezing is entered first: selective checkpointing replays the forward's op sequence
         # exactly, so the freezing's own ops (saving the batch counters) must run outside it.
         if freeze is Freeze.MODULES:
@@ -285,16 +311,42 @@ class InputContract:
     threads: int  # CPU threads the plan assumed
     dtypes: tuple[str | None, ...] = ()  # per input ("torch.int64"; None: not a tensor)
     dtype_pinned: bool = False  # the graph asserts them (torch.export): another dtype cannot run
+    autocast: tuple[str, ...] = ()  # the autocast around the planned call: ("cpu:torch.bfloat16",), or none
 
     def describe(self) -> str:
         return ", ".join(f"{n} {tuple(s)}" for n, s in zip(self.names, self.shapes) if s is not None)
 
 
-def _warn_once(module: torch.nn.Module, key: str, message: str) -> None:
+def _warn_once(module: torch.nn.Module, key: str, message: str, stacklevel: int = 3) -> None:
     seen = module.__dict__.setdefault("_remat_warned", set())
     if key not in seen:
         seen.add(key)
-        warnings.warn(message, RematWarning, stacklevel=3)
+        warnings.warn(message, RematWarning, stacklevel=stacklevel)
+
+
+def autocast_state() -> tuple[str, ...]:
+    """The autocast a call runs under: "device:dtype" for each device where it is on."""
+    return tuple(f"{d}:{torch.get_autocast_dtype(d)}" for d in ("cpu", "cuda") if torch.is_autocast_enabled(d))
+
+
+def _autocast_words(state: tuple[str, ...]) -> str:
+    if not state:
+        return "without autocast"
+    return "under " + " and ".join(f"torch.autocast({s.split(':')[0]!r}, dtype={s.split(':')[1]})" for s in state)
+
+
+def _check_autocast(module: torch.nn.Module, contract: InputContract) -> None:
+    now = autocast_state()
+    if now == contract.autocast:
+        return
+    message = (f"this module was planned {_autocast_words(contract.autocast)} and this call runs "
+               f"{_autocast_words(now)}")
+    if contract.dtype_pinned:
+        raise ShapeError(message + ": its torch.export graph asserts the planned dtypes. Call it as planned, or "
+                         "plan under this autocast (remat.checkpoint inside the same `with torch.autocast(...)`; "
+                         "remat.checkpoint_(model, budget=...) without example inputs plans at the first call)")
+    _warn_once(module, f"autocast:{now}", message + ": its activations differ from the planned ones and the "
+               "memory budget may not hold; plan under the autocast you train with", stacklevel=5)
 
 
 def check_inputs(module: torch.nn.Module, *values: Any) -> None:
@@ -302,6 +354,7 @@ def check_inputs(module: torch.nn.Module, *values: Any) -> None:
     contract: InputContract | None = getattr(module, "remat_contract", None)
     if contract is None or torch.compiler.is_compiling():
         return
+    _check_autocast(module, contract)
     dtypes = contract.dtypes or (None,) * len(contract.names)
     for name, value, planned, dynamic, dtype in zip(contract.names, values, contract.shapes, contract.dynamic, dtypes):
         if planned is None or not isinstance(value, torch.Tensor):

@@ -72,7 +72,8 @@ def _measure_cpu(threads: int) -> Machine:
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        a, b = torch.rand(1024, 1024), torch.rand(1024, 1024)
+        own = torch.Generator().manual_seed(0)  # the caller's random stream stays as it was
+        a, b = torch.rand(1024, 1024, generator=own), torch.rand(1024, 1024, generator=own)
         flops = 2 * 1024**3 / best_of(lambda: torch.mm(a, b))
         big = torch.empty(16 * 2**20 // 4)
         out = torch.empty_like(big)
