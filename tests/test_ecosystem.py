@@ -130,7 +130,9 @@ def test_accelerate_prepare_runs_the_plan(monkeypatch, precision):
     """``mixed_precision="bf16"`` (the Trainer's ``bf16=True``) plans at the first call, under
     accelerate's autocast: the regions keeping matmul outputs failed in the backward ("aten._to_copy
     invocation index 1 ... not found in storage"): the planning's steps had cached every weight's
-    bf16 cast, so the forward cast nothing while the recomputation, in a fresh autocast block, did."""
+    bf16 cast, so the forward cast nothing while the recomputation, in a fresh autocast block, did.
+    And planning at the first call put its own forward over accelerate's autocast wrapper: the next
+    calls ran without autocast."""
     def run(model, plan: bool) -> tuple[list[float], torch.nn.Module]:
         torch.manual_seed(0)
         accelerate.state.AcceleratorState._reset_state(True)
@@ -142,12 +144,14 @@ def test_accelerate_prepare_runs_the_plan(monkeypatch, precision):
             remat.checkpoint_(model, budget=0.5)
         model, opt, data = acc.prepare(model, opt, data)
         losses = []
-        for batch in data:
-            out = model(**batch)
-            acc.backward(out.loss)
-            opt.step()
-            opt.zero_grad()
-            losses.append(out.loss.item())
+        with warnings.catch_warnings():  # every call runs the plan, under accelerate's autocast
+            warnings.filterwarnings("error", message=".*original forward", category=remat.RematWarning)
+            for batch in data:
+                out = model(**batch)
+                acc.backward(out.loss)
+                opt.step()
+                opt.zero_grad()
+                losses.append(out.loss.item())
         return losses, model
 
     calls = _covered_calls(monkeypatch)

@@ -154,15 +154,25 @@ class Pending:
     def run(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         if not model.training or not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
             return self.original(*args, **kwargs)
+        # a wrapper put on the forward after checkpoint_ (accelerate's autocast, which calls our
+        # _Forward) stays: it is what the next calls go through
+        wrapper = model.__dict__.get("forward", _MISSING)
         _restore(model, self.saved)  # planning traces the model's own forward
         model.__dict__.pop(_KEY, None)
         try:
             gm = self.make(model, args, kwargs)  # (the model called: a copy plans itself)
         except BaseException:
             _install(model, self, self.saved)  # the next call tries again
+            _keep_wrapper(model, wrapper)
             raise
         attach(model, gm, args, kwargs, saved=self.saved)
-        return model.forward(*args, **kwargs)
+        _keep_wrapper(model, wrapper)
+        return model.__dict__[_KEY].run(model, args, kwargs)
+
+
+def _keep_wrapper(model: torch.nn.Module, wrapper: Any) -> None:
+    if wrapper is not _MISSING and not isinstance(wrapper, _Forward):
+        model.__dict__["forward"] = wrapper
 
 
 def _restore(model: torch.nn.Module, saved: Any) -> None:
