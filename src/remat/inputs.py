@@ -18,7 +18,7 @@ from torch.fx.experimental.symbolic_shapes import is_concrete_int
 from .codegen import NodeRegion, region_options
 from .errors import RematWarning
 from .profiler.node import META_KEY
-from .runtime import InputContract, autocast_state
+from .contract import InputContract, autocast_state
 from .trace.capture import REGION_KEY, UserRegion
 
 __all__ = ["contract", "user_regions"]

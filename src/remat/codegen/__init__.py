@@ -28,7 +28,8 @@ from torch import fx
 
 from ..chain import Chain
 from ..profiler.node import META_KEY
-from ..runtime import Freeze, InputContract, RematModule, Save
+from ..contract import InputContract
+from ..runtime import Freeze, RematModule, Save
 from ..solvers.base import SAVE_COMPUTE, Region, validate_regions
 from ..trace.modes import MODES_KEY
 from ..trace.body import Layout, Nester, NodeRegion
