@@ -128,11 +128,9 @@ def test_the_real_trainer_with_default_arguments_runs_the_plan(monkeypatch, how)
 @pytest.mark.parametrize("precision", ["no", "bf16"])
 def test_accelerate_prepare_runs_the_plan(monkeypatch, precision):
     """``mixed_precision="bf16"`` (the Trainer's ``bf16=True``) plans at the first call, under
-    accelerate's autocast: the regions keeping matmul outputs failed in the backward ("aten._to_copy
-    invocation index 1 ... not found in storage"): the planning's steps had cached every weight's
-    bf16 cast, so the forward cast nothing while the recomputation, in a fresh autocast block, did.
-    And planning at the first call put its own forward over accelerate's autocast wrapper: the next
-    calls ran without autocast."""
+    accelerate's autocast: regions keeping matmul outputs failed in the backward when the plan had
+    them (test_selective.py has the deterministic case), and planning at the first call put its own
+    forward over accelerate's autocast wrapper: the next calls ran without autocast."""
     def run(model, plan: bool) -> tuple[list[float], torch.nn.Module]:
         torch.manual_seed(0)
         accelerate.state.AcceleratorState._reset_state(True)
@@ -158,8 +156,6 @@ def test_accelerate_prepare_runs_the_plan(monkeypatch, precision):
     planned, model = run(_gpt2(), True)
     plain, reference = run(_gpt2(), False)
     assert model.remat_plan.regions and calls["planned"] == 3
-    if precision == "bf16":  # the case that failed: regions keeping matmul outputs
-        assert any(r.policy == "save-compute" for r in model.remat_plan.regions)
     # bf16: the export graph rounds some sums differently; AdamW turns a near-zero gradient's sign
     # into a step of about lr (1e-3), so after 3 steps parameters agree to a few lr
     exact = precision == "no"

@@ -125,6 +125,41 @@ def test_a_write_after_the_region_is_caught_by_the_version_check():
         y.sum().backward()
 
 
+@pytest.mark.parametrize("tied", [False, True], ids=["cast before the region", "weight used twice"])
+def test_a_keeping_region_under_autocast_recomputes_the_casts_its_forward_made(tied):
+    """Autocast casts a parameter once per outermost autocast block and reuses the cast: a region
+    whose weight was cast before it (an earlier use, a tied weight, a planning step in the same
+    block: accelerate's bf16 with checkpoint_) cast nothing in its forward and again in its
+    recomputation, a fresh block, and torch's selective checkpoint, replaying the forward's op
+    sequence, failed: "aten._to_copy ... encountered during backward but not found in storage"."""
+    import torch.utils.checkpoint as cp
+
+    from remat import runtime
+
+    torch.manual_seed(0)
+    lin, x = nn.Linear(8, 8), torch.randn(4, 8, requires_grad=True)
+
+    def step(checkpointed: bool):
+        lin.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = lin(x)  # casts lin.weight: the cast is cached for the rest of the block
+            body = (lambda t: torch.tanh(lin(lin(t)) if tied else lin(t)))
+            if checkpointed:
+                out = cp.checkpoint(body, h, use_reentrant=False, **runtime.context(lin, save="compute", region="r"))
+            else:
+                out = body(h)
+        out.float().sum().backward()
+        return out.detach(), lin.weight.grad.clone()
+
+    ref_out, ref_grad = step(False)
+    out, grad = step(True)
+    assert torch.is_autocast_cache_enabled()  # the region put the cache back
+    torch.testing.assert_close(out, ref_out, atol=0, rtol=0)
+    # with the cache the weight's uses share one bf16 cast, whose gradients are summed in bf16;
+    # the region casts per use and sums in float32: equal to within two bf16 roundings
+    torch.testing.assert_close(grad, ref_grad, atol=1e-6, rtol=2**-7)
+
+
 @pytest.mark.parametrize("seed", [0, 1, pytest.param(2, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow)])
 def test_random_networks_with_inplace_writes_into_matmul_outputs(monkeypatch, seed):
     """The fuzz generator's new ops in random DAGs, selective regions free: every region the solver
