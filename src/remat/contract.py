@@ -36,7 +36,8 @@ class InputContract:
         return ", ".join(f"{n} {tuple(s)}" for n, s in zip(self.names, self.shapes) if s is not None)
 
 
-def _warn_once(module: torch.nn.Module, key: str, message: str, stacklevel: int = 3) -> None:
+def warn_once(module: torch.nn.Module, key: str, message: str, stacklevel: int = 3) -> None:
+    """A RematWarning the first time ``key`` comes up for ``module`` (every call would repeat it)."""
     seen = module.__dict__.setdefault("_remat_warned", set())
     if key not in seen:
         seen.add(key)
@@ -64,7 +65,7 @@ def _check_autocast(module: torch.nn.Module, contract: InputContract) -> None:
         raise ShapeError(message + ": its torch.export graph asserts the planned dtypes. Call it as planned, or "
                          "plan under this autocast (remat.checkpoint inside the same `with torch.autocast(...)`; "
                          "remat.checkpoint_(model, budget=...) without example inputs plans at the first call)")
-    _warn_once(module, f"autocast:{now}", message + ": its activations differ from the planned ones and the "
+    warn_once(module, f"autocast:{now}", message + ": its activations differ from the planned ones and the "
                "memory budget may not hold; plan under the autocast you train with", stacklevel=5)
 
 
@@ -84,7 +85,7 @@ def check_inputs(module: torch.nn.Module, *values: Any) -> None:
             if contract.dtype_pinned:
                 raise ShapeError(message + ": pass that dtype, or plan again with inputs of the new dtype (a "
                                  "Hugging Face Trainer passes num_items_in_batch as a float32 tensor)")
-            _warn_once(module, f"dtype:{name}:{value.dtype}", message + ": the plan's memory budget may not hold")
+            warn_once(module, f"dtype:{name}:{value.dtype}", message + ": the plan's memory budget may not hold")
         shape = tuple(value.shape)
         if len(shape) != len(planned):
             raise ShapeError(f"input {name!r} has shape {shape}; this module was planned for {tuple(planned)} "
@@ -95,10 +96,10 @@ def check_inputs(module: torch.nn.Module, *values: Any) -> None:
                                  f"at {want} (planned inputs: {contract.describe()}): plan again with inputs of the "
                                  "new shape, e.g. remat.checkpoint(model, new_inputs, budget=...)")
         if any(s > w for s, w in zip(shape, planned)):
-            _warn_once(module, f"shape:{name}:{shape}",
+            warn_once(module, f"shape:{name}:{shape}",
                        f"input {name!r} has shape {shape}, larger than the planned {tuple(planned)}: the plan's memory "
                        "budget no longer holds for it; plan with the largest inputs you will use")
     if torch.get_num_threads() > contract.threads:
-        _warn_once(module, "threads", f"running with {torch.get_num_threads()} CPU threads where the plan assumed "
+        warn_once(module, "threads", f"running with {torch.get_num_threads()} CPU threads where the plan assumed "
                    f"{contract.threads}: kernels keep per-thread scratch, so the step may exceed the budget; plan "
                    "with the thread count you train with")

@@ -22,7 +22,6 @@ and ``generate`` see the model as it was.  ``detach(model)`` puts the original f
 from __future__ import annotations
 
 import inspect
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +29,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from .errors import RematWarning, ShapeError
+from .contract import warn_once
+from .errors import ShapeError
 
 __all__ = ["attach", "attach_pending", "detach", "is_attached"]
 
@@ -128,15 +128,16 @@ class InPlace:
         why = self.covers(model, call)
         if why is not None:
             if why != "no_grad" and model.training:
-                _warn_once(model, why, f"remat: this call runs {type(model).__name__}'s original forward, without "
-                           f"checkpointing: {why}. Plan with the call you train with (remat.checkpoint_).")
+                warn_once(model, why, f"remat: this call runs {type(model).__name__}'s original forward, without "
+                          f"checkpointing: {why}. Plan with the call you train with (remat.checkpoint_).", stacklevel=4)
             return self.original(*args, **kwargs)
         assert call is not None
         try:
             return self.module(*(call.values[n] for n in self.positional),
                                **{n: call.values[n] for n in self.keywords})
         except ShapeError as e:  # raised by the input check, before anything ran
-            _warn_once(model, f"shape:{e}", f"remat: this call runs the original forward, without checkpointing: {e}")
+            warn_once(model, f"shape:{e}", f"remat: this call runs the original forward, without checkpointing: {e}",
+                      stacklevel=4)
             return self.original(*args, **kwargs)
 
 
@@ -196,13 +197,6 @@ def attach_pending(model: torch.nn.Module,
     saved = model.__dict__.get("forward", _MISSING)
     _install(model, Pending(make, original, saved, inspect.signature(original)), saved)
     return model
-
-
-def _warn_once(model: torch.nn.Module, key: str, message: str) -> None:
-    seen = model.__dict__.setdefault("_remat_warned", set())
-    if key not in seen:
-        seen.add(key)
-        warnings.warn(message, RematWarning, stacklevel=4)
 
 
 class _Forward:
