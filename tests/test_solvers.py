@@ -52,21 +52,22 @@ def random_model(n: int, rng: random.Random) -> ChainModel:
     return replace(model, keep_safe=tuple(unsafe.random() < 0.8 for _ in range(n)))
 
 
-def all_structures(start, stop, forbid=None, safe=None):
+def all_structures(start, stop, forbid=None, safe=None, selective=True):
     """Every ordered list of disjoint regions in [start, stop), nested arbitrarily deep; a region
     with nothing inside also in its variant that keeps the expensive outputs, where every stage in
-    it may be kept (``safe``: per stage; None: all)."""
+    it may be kept (``safe``: per stage; None: all), but not inside a plain region (rotor's plan
+    space: torch holds a nested selective region's keeps through the outer forward, model.py)."""
     if start >= stop:
         yield []
         return
-    yield from all_structures(start + 1, stop, forbid, safe)
+    yield from all_structures(start + 1, stop, forbid, safe, selective)
     for end in range(start + 1, stop + 1):
         if (start, end) == forbid:
             continue
-        for inner in all_structures(start, end, (start, end), safe):
-            for rest in all_structures(end, stop, forbid, safe):
+        for inner in all_structures(start, end, (start, end), safe, selective=False):
+            for rest in all_structures(end, stop, forbid, safe, selective):
                 yield [Region(start, end, tuple(inner))] + rest
-                if not inner and (safe is None or all(safe[start:end])):
+                if selective and not inner and (safe is None or all(safe[start:end])):
                     yield [Region(start, end, (), SAVE_COMPUTE)] + rest
 
 

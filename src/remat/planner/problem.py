@@ -6,12 +6,13 @@ to at most ``MAX_STAGES`` stages for the solvers.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import fx
 
-from ..chain import Chain, linearize
+from ..chain import Chain, cut_depths, linearize
 from ..codegen import NodeRegion
 from ..margin import Margin, margin_for
 from ..profiler.calibrate import Calibration
@@ -126,13 +127,23 @@ class Problem:
         return info
 
 
-def coarsen(model: ChainModel, max_stages: int) -> tuple[ChainModel, list[tuple[int, int]]]:
-    """Merge neighbouring stages (the pair with the least forward work first) until at most
-    ``max_stages`` remain; returns the merged model and each merged stage's range."""
+def coarsen(model: ChainModel, max_stages: int,
+            depths: Sequence[int] | None = None) -> tuple[ChainModel, list[tuple[int, int]]]:
+    """Merge neighbouring stages until at most ``max_stages`` remain; returns the merged model and
+    each merged stage's range.
+
+    ``depths[i]``: how deep in the module tree the cut before stage i lies (the length of the
+    module path its two sides share).  The deepest cuts go first (inside a Linear before inside an
+    attention, inside a layer before between layers), then the pair with the least forward work:
+    the cuts left are the model's own module boundaries, where people checkpoint.  Merging by work
+    alone left no cut between two Llama decoder layers (8 x 512: 486 stages into 128), and rotor's
+    floor lay 19 MiB above checkpointing every layer by hand.
+    """
     groups = [(i, i + 1) for i in range(len(model))]
     work = list(model.f)
+    depth = list(depths) if depths is not None else [0] * len(model)
     while len(groups) > max_stages:
-        j = min(range(len(groups) - 1), key=lambda i: work[i] + work[i + 1])
+        j = min(range(len(groups) - 1), key=lambda i: (-depth[groups[i + 1][0]], work[i] + work[i + 1]))
         groups[j:j + 2] = [(groups[j][0], groups[j + 1][1])]
         work[j:j + 2] = [work[j] + work[j + 1]]
     if len(groups) == len(model):
@@ -166,7 +177,7 @@ def prepare(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
         if problem.shard is not None:
             chain = shard_chain(chain, problem.shard)
         exact = ChainModel.from_chain(chain)
-        coarse, groups = coarsen(exact, max_stages)
+        coarse, groups = coarsen(exact, max_stages, cut_depths(gm, chain))
         problem.levels[name] = Granularity(name, chain, coarse, groups, exact)
     if len(problem.levels["fine"].chain) == len(problem.chain):
         del problem.levels["fine"]  # no block to split

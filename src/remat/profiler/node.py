@@ -19,7 +19,7 @@ from .dispatch import KernelMemory
 from .memory import StorageTracker
 from .registry import lookup
 from .rules import unreturned_writes, written_arguments
-from .timing import Machine, roofline_seconds, tensor_bytes
+from .timing import Machine, op_seconds
 from .timing import machine as _machine
 from ..trace.modes import MODES_KEY, entered
 
@@ -145,7 +145,7 @@ class NodeProfiler(fx.Interpreter):
         if kernel is not None and kernel.seconds is not None:
             seconds = kernel.seconds
         else:
-            seconds = roofline_seconds(flops, tensor_bytes(args) + tensor_bytes(out), self.machine)
+            seconds = op_seconds(func, flops, (args, kwargs), out, self.machine)
         if prof is None:
             self.unattributed[self.flops.phase] += flops
         elif self.flops.phase == FWD:

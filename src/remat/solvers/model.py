@@ -146,6 +146,18 @@ def recompute_time(model: ChainModel, regions: Sequence[Region]) -> float:
     return total
 
 
+def _nested_keeps(m: ChainModel, region: Region) -> dict[int, int]:
+    """Per stage, the bytes a region's forward keeps: a SAVE_COMPUTE region its expensive outputs;
+    a plain one those of the SAVE_COMPUTE regions inside it, which torch's selective checkpoint
+    caches during the outer forward too and holds until the outer region's backward."""
+    if region.policy != FULL:
+        return {i: m.keep[i] for i in range(region.start, region.stop)}
+    found: dict[int, int] = {}
+    for child in region.children:
+        found.update(_nested_keeps(m, child))
+    return found
+
+
 class _Machine:
     def __init__(self, model: ChainModel) -> None:
         self.m = model
@@ -171,8 +183,9 @@ class _Machine:
             if isinstance(item, Region):
                 self.cur += m.xfree[item.start]  # its inputs, held by the checkpoint call until its backward
                 held = 0  # what the region holds between its stages (nothing saved)
+                nested = _nested_keeps(m, item)
                 for i in range(item.start, item.stop):
-                    keep = m.keep[i] if item.policy != FULL else 0  # a SAVE_COMPUTE region's kept outputs
+                    keep = nested.get(i, 0)  # the kept outputs of a SAVE_COMPUTE region (or one inside)
                     # cur already holds the stage's input and the region's earlier keeps; fdis is
                     # the stage's peak above them (chain.py), its keeps counted at once
                     self._touch(keep + m.fdis[i])
@@ -187,12 +200,15 @@ class _Machine:
         for item in reversed(items):
             if isinstance(item, Region):
                 self.cur -= m.out(item.start, item.stop - 1)  # the region's output is recomputed
+                kept = sum(_nested_keeps(m, item).values())
                 if item.policy != FULL:  # the kept outputs become part of the stages' xbar again
-                    self.cur -= sum(m.keep[item.start:item.stop])
+                    self.cur -= kept
                 inner = self.items(item.start, item.stop, item.children)
                 self.forward(inner)
                 self.backward(inner)
                 self.cur -= m.xfree[item.start]
+                if item.policy == FULL:
+                    self.cur -= kept
             else:
                 self._touch(m.btmp[item] + m.x[item] + m.g[item])
                 self.cur += m.x[item] + m.g[item] - m.xbar[item] - m.delta(item)

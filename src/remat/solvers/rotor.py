@@ -7,7 +7,8 @@ choices at each step:
 
 * keep everything of stage s (``xbar``), then solve s+1..t with what is left, then run B_s;
 * checkpoint a segment s..k-1: run it keeping only its output, solve k..t, then free the output
-  and solve s..k-1 again (a nested region whose own structure is that sub-solution);
+  and solve s..k-1 again (a nested region whose own structure is that sub-solution, without
+  selective regions: see solve_table);
 * checkpoint s..k-1 keeping its expensive ops' outputs (SAVE_COMPUTE, torch's selective
   checkpointing): its forward also keeps those (``keep``), k..t is solved with them held, and its
   recomputation runs s..k-1 with everything kept, at the cost of the cheap ops only.
@@ -44,6 +45,7 @@ class RotorTable:
     credit: torch.Tensor  # (L, L): slots credited to the recomputation of s..k-1 (indexed [k, t])
     xfree_slots: torch.Tensor  # (L,): [s] a region's inputs nothing else saves, held until its backward
     model: ChainModel
+    what_plain: torch.Tensor  # like ``what``, without selective regions: a plain region's recomputation
 
     def min_feasible_slot(self) -> int | None:
         row = self.cost[0, len(self.model) - 1]
@@ -133,44 +135,59 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
     # row, taken through an unfold view without building per-element indices.
     fc, pfc, psc = t_fwd.to(dc), pf.to(dc), ps.to(dc)
     width = n_slots + 1
-    padded = torch.full((n, n, 3 * width), INF, dtype=dc)
-    window = padded.unfold(2, width, 1)  # window[s, t, o] = padded[s, t, o:o+width]
-    what = torch.zeros((n, n, width), dtype=torch.int32)
-    chosen_sel = torch.zeros((n, n, width), dtype=torch.bool)
     m = torch.arange(width)
     mid = slice(width, 2 * width)
 
-    def store(s: torch.Tensor, t: torch.Tensor, value: torch.Tensor) -> None:
-        padded[s, t, mid] = value
-        padded[s, t, 2 * width:] = value[:, -1:]
+    def new_table() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        padded = torch.full((n, n, 3 * width), INF, dtype=dc)
+        # window[s, t, o] = padded[s, t, o:o+width]
+        return padded, padded.unfold(2, width, 1), torch.zeros((n, n, width), dtype=torch.int32)
+
+    # Two tables when selective: ``plain`` never uses option 3, and is what a plain region's
+    # recomputation is solved with.  torch's selective checkpoint nested in a plain region caches
+    # its kept outputs during the outer forward too, holding them to the outer backward (model.py);
+    # the recursion cannot see that, so such nestings are outside the plan space.
+    padded, window, what = new_table()
+    padded_p, window_p, what_p = new_table() if selective else (padded, window, what)
+    chosen_sel = torch.zeros((n, n, width), dtype=torch.bool)
+
+    def store(table: torch.Tensor, s: torch.Tensor, t: torch.Tensor, value: torch.Tensor) -> None:
+        table[s, t, mid] = value
+        table[s, t, 2 * width:] = value[:, -1:]
 
     ok = (fwd_keep[:, None] <= m) & (bwd_alone[:, None] <= m)
-    store(idx, idx, torch.where(ok, fc[:, None], INF))
+    for table in {id(padded): padded, id(padded_p): padded_p}.values():
+        store(table, idx, idx, torch.where(ok, fc[:, None], INF))
     out_start = (width - out_slots).clamp(0, 2 * width)  # slice start of C[., ., m - held[s, k-1]]
     sel_start = (width - sel_slots).clamp(0, 2 * width)
     x_start = (width - x_slots).clamp(0, 2 * width)
     for d in range(1, n):
         s = torch.arange(n - d)
         t = s + d
-        # option 1: keep stage s, then s+1..t
-        sub = window[s + 1, t, x_start[s]]
-        ok1 = (fwd_keep[s][:, None] <= m) & (bwd_after[s, t][:, None] <= m)
-        best = torch.where(ok1, fc[s][:, None] + sub, INF)
-        # option 2: checkpoint s..k-1 for k in s+1..t  -> shape (len(s), d, width)
-        k = s[:, None] + torch.arange(1, d + 1)[None, :]
+        k = s[:, None] + torch.arange(1, d + 1)[None, :]  # option 2 and 3's splits: (len(s), d)
         tt = t[:, None].expand_as(k)
         ss = s[:, None].expand_as(k)
         first_forward = (pfc[k] - pfc[s][:, None])[..., None]
-        sub1 = window[k, tt, out_start[ss, k - 1]]
         room_start = (width + credit[k, tt] - xfree_slots[ss]).clamp(0, 2 * width)  # its inputs still held
-        sub2 = window[ss, k - 1, room_start]
-        opt2 = sub1.add_(sub2).add_(first_forward)  # (sub1 is a gathered copy: in place)
-        opt2.masked_fill_(disc[ss, k - 1][..., None] > m, INF)
-        v2, arg2 = opt2.min(dim=1)
-        better = v2 < best
-        value = torch.where(better, v2, best)
-        choice = torch.where(better, (s[:, None] + 1 + arg2).to(torch.int32), 0)
-        sel = torch.zeros_like(better)
+        inner = window_p[ss, k - 1, room_start]  # a plain region's recomputation, solved plainly
+
+        def keep_or_checkpoint(rest: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            """Options 1 and 2 with the chain after s (or k) solved in ``rest``."""
+            sub = rest[s + 1, t, x_start[s]]
+            ok1 = (fwd_keep[s][:, None] <= m) & (bwd_after[s, t][:, None] <= m)
+            best = torch.where(ok1, fc[s][:, None] + sub, INF)
+            opt2 = rest[k, tt, out_start[ss, k - 1]].add_(inner).add_(first_forward)  # a gathered copy
+            opt2.masked_fill_(disc[ss, k - 1][..., None] > m, INF)
+            v2, arg2 = opt2.min(dim=1)
+            better = v2 < best
+            return torch.where(better, v2, best), torch.where(better, (s[:, None] + 1 + arg2).to(torch.int32), 0)
+
+        if selective:
+            value_p, choice_p = keep_or_checkpoint(window_p)
+            store(padded_p, s, t, value_p)
+            what_p[s, t] = choice_p
+        value, choice = keep_or_checkpoint(window)
+        sel = torch.zeros_like(value, dtype=torch.bool)
         if selective:
             # option 3: the same, keeping the expensive ops' outputs; s..k-1 is then recomputed
             # with everything kept (it must fit once k..t is done), costing only the cheap ops
@@ -189,11 +206,11 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
             sel = v3 < value
             value = torch.where(sel, v3, value)
             choice = torch.where(sel, (s[:, None] + 1 + arg3).to(torch.int32), choice)
-        store(s, t, value)
+        store(padded, s, t, value)
         what[s, t] = choice
         chosen_sel[s, t] = sel
     cost = padded[:, :, mid]
-    return RotorTable(cost, what, chosen_sel, slot, x_slots, out_slots, sel_slots, credit, xfree_slots, model)
+    return RotorTable(cost, what, chosen_sel, slot, x_slots, out_slots, sel_slots, credit, xfree_slots, model, what_p)
 
 
 def rotor_regions(table: RotorTable, m: int | None = None) -> tuple[Region, ...] | None:
@@ -206,20 +223,20 @@ def rotor_regions(table: RotorTable, m: int | None = None) -> tuple[Region, ...]
     if not math.isfinite(float(table.cost[0, n - 1, m])):
         return None
 
-    def build(s: int, t: int, m: int) -> list[Region]:
+    def build(s: int, t: int, m: int, plain: bool = False) -> list[Region]:
         out: list[Region] = []
         while s < t:
-            k = int(table.what[s, t, m])
+            k = int((table.what_plain if plain else table.what)[s, t, m])
             if k == 0:
                 m -= int(table.x_slots[s])
                 s += 1
                 continue
-            if bool(table.selective[s, t, m]):
+            if not plain and bool(table.selective[s, t, m]):
                 out.append(Region(s, k, (), SAVE_COMPUTE))
                 m -= int(table.sel_slots[s, k - 1])
             else:
                 m2 = min(n_slots, m + int(table.credit[k, t]) - int(table.xfree_slots[s]))
-                out.append(Region(s, k, tuple(build(s, k - 1, m2)), FULL))
+                out.append(Region(s, k, tuple(build(s, k - 1, m2, plain=True)), FULL))
                 m -= int(table.out_slots[s, k - 1])
             s = k
         return out
