@@ -13,7 +13,8 @@ the step time as a ratio to no checkpointing (medians of --steps steps each, tim
 compile/plan time separately, and recompute FLOPs where they are known. Writes
 benchmarks/results/peers.md and peers_<model>.png (measured peak vs step-time ratio).
 
-    python benchmarks/peers.py [--models resnet50,vit_b_16,gpt2] [--steps 5] [--quick]
+    python benchmarks/peers.py [--models resnet50,vit_b_16,gpt2,llama] [--steps 5] [--quick]
+    REMAT_CACHE_DIR=$(mktemp -d) python benchmarks/peers.py --only-peers --steps 7   # issue 30's run
 """
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ class Point:
     setup: float  # compile / plan seconds
     recompute: float | None  # share of the step's FLOPs, when known
     predicted: float | None = None  # remat's predicted step-time overhead (describe()'s "predicted time")
+    spread: tuple[float, float] = (1.0, 1.0)  # lowest and highest ratio of one alternated pair
 
 
 def predicted_overhead(plan) -> float | None:
@@ -133,10 +135,10 @@ def _step(module, inputs) -> float:
     return time.perf_counter() - start
 
 
-def paired_time(base, module, inputs, steps: int) -> tuple[float, float]:
-    """Median step time of ``module`` and its ratio to ``base``, timed in alternation, in the order
-    base, module, module, base, base, ... so that neither a machine getting faster or slower during
-    the run nor going first or second in a pair favours either."""
+def paired_time(base, module, inputs, steps: int) -> tuple[float, float, tuple[float, float]]:
+    """Median step time of ``module``, its ratio to ``base`` and the spread of the per-pair ratios,
+    timed in alternation, in the order base, module, module, base, base, ... so that neither a
+    machine getting faster or slower during the run nor going first or second in a pair favours either."""
     _step(module, inputs)  # warm-up (compiles, caches)
     ours, theirs = [], []
     for i in range(steps):
@@ -149,7 +151,8 @@ def paired_time(base, module, inputs, steps: int) -> tuple[float, float]:
     for m in (base, module):
         for p in m.parameters():
             p.grad = None
-    return statistics.median(ours), statistics.median(ours) / statistics.median(theirs)
+    pairs = [a / b for a, b in zip(ours, theirs)]
+    return statistics.median(ours), statistics.median(ours) / statistics.median(theirs), (min(pairs), max(pairs))
 
 
 def compiled(model, budget: float):
@@ -168,7 +171,13 @@ def recompute_of(module, inputs, base_bwd: int, step_flops: int) -> float:
     return max(0, count.bwd - base_bwd) / step_flops
 
 
-def run_model(name: str, steps: int, quick: bool) -> tuple[list[Point], dict[str, str], str]:
+def timed(system: str, peak: int, base, module, inputs, steps: int, setup: float, recompute: float | None,
+          predicted: float | None = None) -> Point:
+    seconds, ratio, spread = paired_time(base, module, inputs, steps)
+    return Point(system, peak, seconds, ratio, setup, recompute, predicted, spread)
+
+
+def run_model(name: str, steps: int, quick: bool, only_peers: bool = False) -> tuple[list[Point], dict[str, str], str]:
     spec, batch = MODELS[name]
     work = build(spec, batch)
     model, inputs = work.model.train(), work.inputs
@@ -181,25 +190,24 @@ def run_model(name: str, steps: int, quick: bool) -> tuple[list[Point], dict[str
 
     for peer in PEERS:
         hand = by_hand(name, model, peer)
-        points.append(Point(peer, remat.measure_peak(hand, inputs), *paired_time(model, hand, inputs, steps),
+        points.append(timed(peer, remat.measure_peak(hand, inputs), model, hand, inputs, steps,
                             0.0, recompute_of(hand, inputs, base.bwd, step_flops)))
         del hand
 
-    for budget in ((0.0, 0.2, 0.5, 1.0) if quick else (0.0, 0.2, 0.5, 0.75, 1.0)):
+    for budget in (() if only_peers else (0.0, 0.2, 0.5, 1.0) if quick else (0.0, 0.2, 0.5, 0.75, 1.0)):
         start = time.perf_counter()
         try:
             fn = compiled(model, budget)
             fn(*inputs)  # compile the forward (the backward compiles on the first backward)
             _step(fn, inputs)
             setup = time.perf_counter() - start
-            seconds, ratio = paired_time(model, fn, inputs, steps)
-            points.append(Point(f"torch.compile budget={budget}", remat.measure_peak(fn, inputs), seconds, ratio,
-                                setup, None))
+            points.append(timed(f"torch.compile budget={budget}", remat.measure_peak(fn, inputs), model, fn, inputs,
+                                steps, setup, None))
         except Exception as e:  # noqa: BLE001 - a failing peer is a result, not a crash
             print(f"{name}: torch.compile budget={budget} failed: {type(e).__name__}: {e}", flush=True)
         gc.collect()
 
-    for solver in ("rotor", "chen-greedy"):
+    for solver in (() if only_peers else ("rotor", "chen-greedy")):
         for budget in ((0.3, 0.6, 1.0) if quick else (0.2, 0.4, 0.6, 0.8, 1.0)):
             start = time.perf_counter()
             try:
@@ -207,22 +215,21 @@ def run_model(name: str, steps: int, quick: bool) -> tuple[list[Point], dict[str
             except remat.InfeasibleBudget:
                 continue
             setup = time.perf_counter() - start
-            points.append(Point(f"remat {solver} {budget}", remat.measure_peak(gm, inputs),
-                                *paired_time(model, gm, inputs, steps), setup, gm.remat_plan.recompute_ratio,
-                                predicted_overhead(gm.remat_plan)))
+            points.append(timed(f"remat {solver} {budget}", remat.measure_peak(gm, inputs), model, gm, inputs, steps,
+                                setup, gm.remat_plan.recompute_ratio, predicted_overhead(gm.remat_plan)))
             if solver == "rotor" and budget < 1.0:  # remat's plan, compiled: fused kernels, same regions
                 start = time.perf_counter()
                 try:
                     fn = compiled(gm, 1.0)
                     _step(fn, inputs)
                     setup = time.perf_counter() - start
-                    points.append(Point(f"remat rotor {budget} + torch.compile", remat.measure_peak(fn, inputs),
-                                        *paired_time(model, fn, inputs, steps), setup, None))
+                    points.append(timed(f"remat rotor {budget} + torch.compile", remat.measure_peak(fn, inputs),
+                                        model, fn, inputs, steps, setup, None))
                 except Exception as e:  # noqa: BLE001
                     print(f"{name}: remat rotor {budget} + torch.compile failed: {type(e).__name__}: {e}", flush=True)
             del gm
             gc.collect()
-    more, notes = targeted(model, inputs, work.shared_inputs, points[1].peak, steps)
+    more, notes = targeted(model, inputs, work.shared_inputs, points[1].peak, steps, compile_too=not only_peers)
     for peer in ("every 2nd block", "op-level SAC"):  # remat given each peer's measured peak as its budget
         peak = next(p.peak for p in points if p.system == peer)
         try:
@@ -230,9 +237,9 @@ def run_model(name: str, steps: int, quick: bool) -> tuple[list[Point], dict[str
         except remat.InfeasibleBudget as e:
             notes[f"@{peer} peak"] = f"infeasible: remat's floor {fmt_bytes(e.min_bytes or 0)}"
             continue
-        more.append(Point(f"remat rotor @{peer} peak", remat.measure_peak(gm, inputs),
-                          *paired_time(model, gm, inputs, steps), gm.remat_plan.info.solve_seconds,
-                          gm.remat_plan.recompute_ratio, predicted_overhead(gm.remat_plan)))
+        more.append(timed(f"remat rotor @{peer} peak", remat.measure_peak(gm, inputs), model, gm, inputs, steps,
+                          gm.remat_plan.info.solve_seconds, gm.remat_plan.recompute_ratio,
+                          predicted_overhead(gm.remat_plan)))
         del gm
         gc.collect()
     points += more
@@ -250,7 +257,8 @@ def fixed_bytes(model: torch.nn.Module, inputs) -> int:
     return resident_bytes(model, inputs) + storage_bytes([p for p in model.parameters() if p.requires_grad])
 
 
-def targeted(model, inputs, shared_inputs, every_block_peak: int, steps: int) -> tuple[list[Point], dict[str, str]]:
+def targeted(model, inputs, shared_inputs, every_block_peak: int, steps: int,
+             compile_too: bool = True) -> tuple[list[Point], dict[str, str]]:
     """remat (rotor) planned at every block's measured peak and at half of every block's
     activation memory, and the same plans under torch.compile: the acceptance points.  Also, per
     target remat cannot plan at, why: its floor, and the bound no checkpointing of the model's code
@@ -259,8 +267,8 @@ def targeted(model, inputs, shared_inputs, every_block_peak: int, steps: int) ->
     the 8 B margin and a few bytes), remat plans at its floor: equal memory, the bytes reported."""
     fixed = fixed_bytes(model, inputs)
     out, notes = [], {}
-    for label, budget in (("@every-block peak", every_block_peak),
-                          ("@half every-block act", fixed + (every_block_peak - fixed) // 2)):
+    targets = [("@every-block peak", every_block_peak), ("@half every-block act", fixed + (every_block_peak - fixed) // 2)]
+    for label, budget in targets[:2 if compile_too else 1]:
         start = time.perf_counter()
         try:
             gm = remat.checkpoint(model, inputs, budget=int(budget), shared_inputs=shared_inputs)
@@ -283,19 +291,26 @@ def targeted(model, inputs, shared_inputs, every_block_peak: int, steps: int) ->
         selective = sum(1 for r in _walk(regions) if r.policy == "save-compute")
         print(f"remat rotor {label}: {len(regions)} top-level regions, {selective} keep their matmul/conv outputs",
               flush=True)
-        out.append(Point(f"remat rotor {label}", remat.measure_peak(gm, inputs),
-                         *paired_time(model, gm, inputs, steps), setup, gm.remat_plan.recompute_ratio,
-                         predicted_overhead(gm.remat_plan)))
+        out.append(timed(f"remat rotor {label}", remat.measure_peak(gm, inputs), model, gm, inputs, steps, setup,
+                         gm.remat_plan.recompute_ratio, predicted_overhead(gm.remat_plan)))
         try:
+            if not compile_too:
+                raise _Skipped
             fn = compiled(gm, 1.0)
             _step(fn, inputs)
-            out.append(Point(f"remat rotor {label} + torch.compile", remat.measure_peak(fn, inputs),
-                             *paired_time(model, fn, inputs, steps), time.perf_counter() - start, None))
+            out.append(timed(f"remat rotor {label} + torch.compile", remat.measure_peak(fn, inputs), model, fn, inputs,
+                             steps, time.perf_counter() - start, None))
+        except _Skipped:
+            pass
         except Exception as e:  # noqa: BLE001
             print(f"remat rotor {label} + torch.compile failed: {type(e).__name__}: {e}", flush=True)
         del gm
         gc.collect()
     return out, notes
+
+
+class _Skipped(Exception):
+    """torch.compile of remat's plan, not asked for (--only-peers)."""
 
 
 def _walk(regions):
@@ -402,6 +417,38 @@ def prediction_check(by_model: dict[str, list[Point]]) -> str:
     return "\n".join(lines) or "no remat plan recomputed anything"
 
 
+def verdict_peers(name: str, points: list[Point], notes: dict[str, str]) -> str:
+    """Issue 30's acceptance, read off this run: at each peer's measured peak remat is no slower
+    (within the pair spread: half the wider of the two spreads) and no larger; at every block's
+    peak at most 1.10x eager; every remat row's predicted ratio within +-0.05 of the measured."""
+    by = {p.system: p for p in points}
+    lines = [f"**{name}**"]
+    for peer, ours in (("every block", "remat rotor @every-block peak"), ("every 2nd block", "remat rotor @every 2nd block peak"),
+                       ("op-level SAC", "remat rotor @op-level SAC peak")):
+        them, us = by.get(peer), by.get(ours)
+        if them is None or us is None:
+            why = notes.get(ours.removeprefix("remat rotor "), notes.get("@every-block peak", "no plan"))
+            lines.append(f"- at {peer}'s peak: no remat point ({why}): NOT met")
+            continue
+        slack = max(them.spread[1] - them.spread[0], us.spread[1] - us.spread[0]) / 2
+        faster = us.ratio <= them.ratio
+        within = us.ratio <= them.ratio + slack
+        small = us.peak <= them.peak
+        word = "met" if small and faster else "met within the pair spread" if small and within else "NOT met"
+        lines.append(f"- at {peer}'s peak ({fmt_bytes(them.peak)}, {them.ratio:.3f}x, pairs {them.spread[0]:.3f}-"
+                     f"{them.spread[1]:.3f}): remat {us.ratio:.3f}x (pairs {us.spread[0]:.3f}-{us.spread[1]:.3f}) at "
+                     f"{fmt_bytes(us.peak)}: {word}")
+    at_eb = by.get("remat rotor @every-block peak")
+    if at_eb:
+        lines.append(f"- at every block's peak: remat {at_eb.ratio:.3f}x eager: {'met' if at_eb.ratio <= 1.10 else 'NOT met'} "
+                     "(target <= 1.10x)")
+    off = [(p.system, 1 + p.predicted - p.ratio) for p in points if p.system.startswith("remat") and p.predicted is not None]
+    bad = [(sys_, e) for sys_, e in off if abs(e) > 0.05]
+    lines.append("- predicted - measured ratio: " + ", ".join(f"{s.removeprefix('remat rotor ')} {e:+.3f}" for s, e in off)
+                 + (": met (within +-0.05)" if not bad else f": NOT met ({len(bad)} outside +-0.05)"))
+    return "\n".join(lines)
+
+
 def rockmate_status() -> str:
     try:
         import importlib
@@ -422,19 +469,31 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="fewer budgets per system")
+    ap.add_argument("--only-peers", action="store_true",
+                    help="only the hand-written schedules and remat at their peaks (issue 30): writes peers_schedules.md")
     args = ap.parse_args(argv)
-    tables, analysis, plots, verdicts, by_model = [], [], [], [], {}
-    header = ["model", "system", "measured peak", "step time / none", "predicted", "setup s", "recompute"]
+    tables, analysis, plots, verdicts, by_model, ours = [], [], [], [], {}, []
+    header = ["model", "system", "measured peak", "step time / none", "pair spread", "predicted", "setup s", "recompute"]
     for name in args.models.split(","):
-        points, notes, png = run_model(name, args.steps, args.quick)
+        points, notes, png = run_model(name, args.steps, args.quick, args.only_peers)
         by_model[name] = points
-        tables += [[name, p.system, fmt_bytes(p.peak), f"{p.ratio:.2f}",
-                    "-" if p.predicted is None else f"{1 + p.predicted:.2f}", f"{p.setup:.1f}",
+        tables += [[name, p.system, fmt_bytes(p.peak), f"{p.ratio:.3f}", f"{p.spread[0]:.3f}-{p.spread[1]:.3f}",
+                    "-" if p.predicted is None else f"{1 + p.predicted:.3f}", f"{p.setup:.1f}",
                     "-" if p.recompute is None else f"{p.recompute:.1%}"] for p in points]
         analysis.append(compare(name, points))
         verdicts.append(verdict(name, points, notes))
+        ours.append(verdict_peers(name, points, notes))
         plots.append(f"![{name}]({png})")
         gc.collect()
+    if args.only_peers:
+        write_result("peers_schedules.md", "remat at the peak of each hand-written schedule", [
+            f"CPU, {torch.get_num_threads()} threads; op times measured in this run (REMAT_CACHE_DIR fresh, see "
+            f"docs/benchmarks.md). Step time: median of {args.steps} steps after a warm-up over the median of "
+            f"{args.steps} no-checkpoint steps timed in alternation; 'pair spread': the lowest and highest ratio "
+            "of one alternated pair. 'predicted': remat's own prediction of that ratio.",
+            md_table(header, tables), "## Acceptance (issue 30)\n\n" + "\n\n".join(ours), "\n".join(plots)])
+        print("\n\n".join(ours))
+        return 0
     write_result("peers.md", "remat vs the alternatives", [
         f"CPU, {torch.get_num_threads()} threads. Same inputs, seeds and measurement for every system: measured "
         "peak of one training step (allocator events, after a warm-up step); step time as the median of "
