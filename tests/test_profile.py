@@ -306,3 +306,32 @@ def test_a_bfloat16_batchnorm_keeps_float32_statistics_until_its_backward():
 
     amp = Amp()
     assert_predicted(remat.profile(amp, (images,)).peak_bytes, remat.measure_peak(amp, (images,)), what="resnet18 amp")
+
+
+@pytest.mark.parametrize("slowdown", [1.0, 50.0])
+def test_op_times_measured_on_a_busy_machine_are_not_cached(monkeypatch, tmp_path, slowdown):
+    """A busy machine slows elementwise ops 10-20x and matmuls 2.4x (profiler/timing.py): a cache
+    filled then misleads every later plan.  When the load probe says busy, the measurements serve
+    this profile and are not written, with one warning; on an idle machine they are cached."""
+    import warnings
+
+    from remat.errors import RematWarning
+    from remat.profiler.timing import LoadProbe, machine
+
+    monkeypatch.setenv("REMAT_CACHE_DIR", str(tmp_path))
+    machine.cache_clear()  # the machine's rates are measured again, into this cache
+    monkeypatch.setattr(LoadProbe, "slowdown", lambda self: slowdown)
+    model, x = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)), torch.randn(4, 32)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        first = remat.profile(model, (x,))
+    busy = [w for w in seen if issubclass(w.category, RematWarning) and "busy" in str(w.message)]
+    kernels = list(tmp_path.glob("kernels-*.json"))
+    if slowdown > 1:
+        assert len(busy) == 1 and not kernels
+        assert not list(tmp_path.glob("machine-*.json"))  # the machine's rates wait for an idle moment too
+    else:
+        assert not busy and kernels and any(len(p.read_text()) > 2 for p in kernels)
+        assert list(tmp_path.glob("machine-*.json"))
+    assert remat.profile(model, (x,)).peak_bytes == first.peak_bytes  # same prediction either way
+    machine.cache_clear()  # later tests read their own cache's rates

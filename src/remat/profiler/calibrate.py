@@ -29,6 +29,7 @@ import os
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -38,11 +39,12 @@ import torch
 from torch._ops import OpOverload
 
 from ..cache import cache_dir
+from ..errors import RematWarning
 from ..instrument import cpu_window
 from .dispatch import KernelMemory, RuleScratch, Target
 from .memory import tensors_in
 from .rules import MemoryRule, RuleContext
-from .timing import best_of, on_grid
+from .timing import LoadProbe, best_of, on_grid
 
 __all__ = ["ScratchCache", "Calibration", "signature", "cache_dir", "calibration_for"]
 
@@ -262,12 +264,15 @@ class Calibration:
     estimated: int = 0  # op calls left to the rules
     seconds: float = 0.0  # time spent measuring
     largest_bytes: int = 0  # the most real memory one measurement took (its tensors and scratch)
+    busy_measured: int = 0  # signatures measured while the machine was busy: not cached
     _fallback: RuleScratch = field(default_factory=RuleScratch)
 
     def __post_init__(self) -> None:
         self.cache = ScratchCache.for_target(self.target)
         self._also = tuple((t, ScratchCache.for_target(replace(self.target, threads=t)))
                            for t in sorted(set(self.also_threads)) if t != self.target.threads)
+        self._probes: dict[int, LoadProbe] = {}
+        self._busy_values: dict[tuple[int, str], list[Any] | None] = {}
 
     def _value(self, cache: ScratchCache, threads: int, func: OpOverload, args: tuple, kwargs: dict,
                out: Any, count: bool = True) -> list[Any] | None:
@@ -276,6 +281,8 @@ class Calibration:
         call's first lookup (the others, at other thread counts, are not calls of their own)."""
         key = signature(func, args, kwargs)
         known, value = cache.get(key)
+        if not known and (threads, key) in self._busy_values:
+            known, value = True, self._busy_values[(threads, key)]
         if known:
             self.reused += count
             return value
@@ -283,12 +290,30 @@ class Calibration:
         if size > self.limit_bytes:
             return None
         start = time.perf_counter()
+        busy = self._probe(threads).busy()
         value = measure_kernel(func, args, kwargs, threads)
         self.seconds += time.perf_counter() - start
         self.largest_bytes = max(self.largest_bytes, size + (value[0] if value else 0))
-        cache.put(key, value)
+        if busy:  # this plan uses it; the cache waits for an idle machine (timing.LOAD_FACTOR)
+            self._busy_values[(threads, key)] = value
+            self._warn_busy(threads)
+        else:
+            cache.put(key, value)
         self.measured += 1
         return value
+
+    def _probe(self, threads: int) -> LoadProbe:
+        if threads not in self._probes:
+            self._probes[threads] = LoadProbe(threads)
+        return self._probes[threads]
+
+    def _warn_busy(self, threads: int) -> None:
+        self.busy_measured += 1
+        if self.busy_measured == 1:
+            warnings.warn(f"the machine is busy: a probe op runs {self._probe(threads).slowdown():.1f}x slower than "
+                          "when idle, so the op times remat measures now are used for this plan but not cached "
+                          "(busy cores slow some ops far more than others: plan on an idle machine for the best "
+                          "plan)", RematWarning, stacklevel=2)
 
     def kernel(self, func: Any, args: tuple, kwargs: dict, out: Any, rules: tuple[MemoryRule, ...],
                ctx: RuleContext) -> KernelMemory:
