@@ -21,7 +21,7 @@ from ..solvers.model import recompute_flops, recompute_time
 from ..solvers.registry import Solver, SolveSettings, get_solver
 from .errors import fixed_plan_too_big, infeasible
 from .problem import Granularity, Problem, coarsen, prepare
-from .search import Candidate, NoFit, SelectiveReplay, apply_regions, find_plan, smallest_budget
+from .search import Candidate, NoFit, SelectiveReplay, apply_regions, find_plan, smallest_budget, solve_regions
 
 __all__ = ["Candidate", "Granularity", "Problem", "apply_regions", "coarsen", "plan_problem",
            "prepare", "smallest_budget"]
@@ -85,6 +85,21 @@ def _search(problem: Problem, solver: Solver, budget: Budget | None, settings: S
     return found, budget_bytes
 
 
+def _best_seconds(problem: Problem, solver: Solver, found: Candidate, budget_bytes: int | None,
+                  settings: SolveSettings) -> float | None:
+    """The least recomputation time any plan in remat's space has at the budget (the plan's peak
+    when there is none), by rotor's optimum on the stage model: the plan's own when rotor found it
+    at the first attempt, else one more solve."""
+    if not found.regions:
+        return 0.0
+    if solver.name == "rotor" and found.attempts == 1:
+        return recompute_time(found.level.exact, found.regions)
+    budget = budget_bytes if budget_bytes is not None else problem.margin.budget_for(found.peak)
+    limit = budget - problem.resident  # as find_plan's first solve
+    best = solve_regions(problem, get_solver("rotor"), limit, replace(settings, retry=False))
+    return None if best is None else recompute_time(best[0].exact, best[1])
+
+
 def _result(problem: Problem, solver: Solver, found: Candidate, budget_bytes: int | None,
             settings: SolveSettings, start: float) -> tuple[fx.GraphModule, Plan]:
     """The generated module with its Plan attached."""
@@ -103,6 +118,7 @@ def _result(problem: Problem, solver: Solver, found: Candidate, budget_bytes: in
             stage_modules=[list(pair) for pair in stage_modules(problem.gm, found.level.chain)],
             keep_refused=[[i, st.keep_refused] for i, st in enumerate(found.level.chain.stages) if st.keep_refused],
             recompute_seconds=recompute_time(model, found.regions),
+            best_recompute_seconds=_best_seconds(problem, solver, found, budget_bytes, settings),
             step_seconds=sum(n.fwd_time + n.bwd_time for n in problem.profile.nodes),
             solve_seconds=round(time.perf_counter() - start, 3), attempts=found.attempts, slots=settings.slots,
             frontend=problem.profile.frontend,

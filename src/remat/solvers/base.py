@@ -161,6 +161,10 @@ class Plan:
             overhead = self.info.recompute_seconds / self.info.step_seconds
             lines.append(f"predicted time  {overhead:>+12.1%} on the step (recomputation, from measured or "
                          "roofline op times)")
+            best = self.info.best_recompute_seconds
+            if best is not None:
+                lines.append(f"best possible   {best / self.info.step_seconds:>+12.1%}   (the fastest plan in remat's "
+                             "space at this budget, as the model predicts: rotor's optimum)")
         scratch = self.info.scratch
         if scratch == "measured":
             lines.append(f"kernel scratch  measured on this machine ({self.info.threads} threads; "
@@ -204,20 +208,6 @@ class Plan:
 
         walk(tuple(self.regions), 1)
         return "\n".join(lines)
-
-    def timeline(self) -> Any:
-        """Predicted memory over the step's ops, as the model runs it and as this plan runs it
-        (``remat.timeline.PlanTimeline``; draw it with ``remat.timeline.draw_timeline``).  Only for
-        plans made in this process: one read from JSON has no model to simulate."""
-        source = getattr(self, "_timeline", None)
-        if source is None:
-            raise ValueError("this plan has no model attached (read from JSON, sharded, or copied): use "
-                             "remat.timeline.step_timeline(module, example_inputs) on the module instead")
-        return source()
-
-    def __getstate__(self) -> dict[str, Any]:
-        # the timeline source holds the model: not part of the plan's data (pickles, copies)
-        return {k: v for k, v in self.__dict__.items() if k != "_timeline"}
 
     def to_json(self, path: str | Path | None = None) -> str:
         data = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}

@@ -28,6 +28,10 @@ class PlanInfo:
     keep_refused: list[list[Any]] = field(default_factory=list)  # [stage, why] where no region may keep outputs
     recompute_seconds: float = 0.0  # predicted time of the recomputation
     step_seconds: float = 0.0  # predicted time of the un-checkpointed step (forward and backward)
+    # the least predicted recomputation of any plan in remat's space at the budget (rotor's optimum on
+    # the stage model, unverified; at the plan's own peak when no budget was given): how far this plan is
+    # from what the model believes possible
+    best_recompute_seconds: float | None = None
     solve_seconds: float = 0.0  # wall time of planning (solve, generate, verify)
     attempts: int = 1  # solve/verify rounds
     slots: int = 0  # the rotor table's memory resolution
