@@ -20,7 +20,7 @@ from remat.budget import parse_budget
 from remat.chain import stage_modules
 from remat.planner import apply_regions, plan_problem, prepare
 from remat.solvers.base import FULL, SAVE_COMPUTE, Region
-from remat.solvers.model import ChainModel, recompute_time
+from remat.solvers.model import recompute_time
 from remat.units import fmt_bytes
 from remat.zoo import build
 
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     work = build(args.spec, args.batch)
     problem = prepare(work.model, work.inputs, work.kwargs, work.shared_inputs)
     level = "fine" if "fine" in problem.levels else "blocks"
-    model = ChainModel.from_chain(problem.levels[level].chain)
+    model = problem.levels[level].exact
     step = sum(n.fwd_time + n.bwd_time for n in problem.profile.nodes)
     blocks = sorted(blocks_of(problem).items(), key=lambda kv: min(kv[1]))
     peers = {

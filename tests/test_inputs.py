@@ -181,7 +181,7 @@ def test_internal_errors_are_reported_as_remat_bugs(monkeypatch):
     import remat.planner.problem
     import remat.planner.search
 
-    def broken(model, max_stages):
+    def broken(model, max_stages, depths=None):
         return remat.planner.search._expand((remat.Region(0, 1),), [])  # an IndexError inside remat's own code
 
     monkeypatch.setattr(remat.planner.problem, "coarsen", broken)

@@ -48,7 +48,7 @@ def random_model(n: int, rng: random.Random) -> ChainModel:
                        tuple(xfree))
     # stages whose kept outputs a later op overwrites (no selective region may hold them), drawn
     # from the model itself so the draws after this one (the limits) stay those of earlier seeds
-    unsafe = random.Random(hash((model.f, model.xbar)))
+    unsafe = random.Random(hash((model.fwd_flops, model.xbar)))
     return replace(model, keep_safe=tuple(unsafe.random() < 0.8 for _ in range(n)))
 
 
@@ -98,7 +98,7 @@ def test_rotor_is_optimal_against_exhaustive_search(seed):
             continue
         cost = evaluate(model, regions)
         assert cost.peak <= limit
-        assert cost.recompute == pytest.approx(float(table.cost[0, len(model) - 1, limit]) - sum(model.t))
+        assert cost.recompute == pytest.approx(float(table.cost[0, len(model) - 1, limit]) - sum(model.fwd_time))
         assert cost.recompute == pytest.approx(best)
 
 

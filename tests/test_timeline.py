@@ -8,7 +8,7 @@ import torch
 import remat
 from remat.profiler.step import simulate_step
 from remat.cli.sweep import Sweep, SweepRow, pareto_figure
-from remat.timeline import draw_timeline, step_timeline
+from remat.timeline import draw_timeline, plan_timeline, step_timeline
 from remat.zoo import ResidualMLP
 
 
@@ -36,7 +36,7 @@ def test_the_timeline_peaks_where_the_prediction_does(planned):
 def test_the_plans_timeline_marks_its_regions_and_recomputation(planned):
     model, x, gm = planned
     plan = gm.remat_plan
-    data = plan.timeline()
+    data = plan_timeline(model, gm, (x,))
     assert data.original.peak == plan.info["unconstrained_peak_bytes"]
     assert data.planned.peak == plan.predicted_peak_bytes <= plan.budget_bytes == data.budget_bytes
     assert data.original.spans == []  # the model has no checkpoint of its own
@@ -48,20 +48,24 @@ def test_the_plans_timeline_marks_its_regions_and_recomputation(planned):
     assert len(data.planned.points) > len(data.original.points)  # recomputation adds ops
 
 
-def test_a_plan_without_a_model_says_how_to_get_a_timeline(planned, tmp_path):
-    _, _, gm = planned
-    with pytest.raises(ValueError, match="step_timeline"):
-        remat.Plan.from_json(gm.remat_plan.to_json()).timeline()
-    # the model behind a timeline is not part of the plan's data: copies and pickles leave it out
-    assert not hasattr(copy.deepcopy(gm.remat_plan), "_timeline")
-    assert not hasattr(pickle.loads(pickle.dumps(gm)).remat_plan, "_timeline")
+def test_a_plan_read_from_json_has_the_same_timeline(planned):
+    """The plan is data: a plan saved and applied again draws the same timeline, and the plan
+    itself holds no model (copies and pickles carry only its fields)."""
+    model, x, gm = planned
+    again = remat.apply_plan(model, (x,), remat.Plan.from_json(gm.remat_plan.to_json()))
+    first, second = plan_timeline(model, gm, (x,)), plan_timeline(model, again, (x,))
+    assert second.planned.peak == first.planned.peak and second.budget_bytes == first.budget_bytes
+    assert [p.bytes for p in second.planned.points] == [p.bytes for p in first.planned.points]
+    assert set(vars(copy.deepcopy(gm.remat_plan))) == set(vars(pickle.loads(pickle.dumps(gm)).remat_plan))
+    with pytest.raises(ValueError, match="remat_plan"):
+        plan_timeline(model, model, (x,))
 
 
 def test_the_timeline_picture(planned, tmp_path):
     pytest.importorskip("matplotlib")
-    _, x, gm = planned
+    model, x, gm = planned
     png = tmp_path / "mem.png"
-    data = gm.remat_plan.timeline()
+    data = plan_timeline(model, gm, (x,))
     draw_timeline(data, str(png), title="mlp", measured=remat.measure.measure_series(gm, (x,)))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
 

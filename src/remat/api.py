@@ -10,7 +10,6 @@ import torch
 from torch import fx
 
 from . import inplace, progress
-from . import timeline as _timeline
 from .budget import parse_budget
 from .errors import public
 from .planner import Problem, apply_regions, plan_problem, prepare
@@ -79,7 +78,6 @@ def checkpoint(model: torch.nn.Module, example_inputs: Any = (), kwargs: dict | 
     with progress.step("plan", f"{solver}, budget {parsed}" if parsed else solver):
         gm, plan = plan_problem(problem, solver, parsed, SolveSettings(slots=slots))
     gm = _agree_across_ranks(problem, gm, plan)
-    _timeline.attach(gm.remat_plan, problem, gm)
     return gm
 
 
@@ -185,5 +183,4 @@ def apply_plan(model: torch.nn.Module, example_inputs: Any, plan: Plan, kwargs: 
     gm = apply_regions(problem, tuple(plan.regions), level)
     plan = replace(plan, stages=stages)  # the same graph; fx may number its nodes otherwise
     gm.remat_plan = plan
-    _timeline.attach(plan, problem, gm)
     return gm

@@ -7,13 +7,13 @@ dataclasses or named tuples.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-__all__ = ["floating_outputs", "loss_of", "reparametrized"]
+__all__ = ["backward", "floating_outputs", "graph_leaves", "loss_of", "reparametrized", "run_step"]
 
 
 def floating_outputs(out: Any) -> Iterator[torch.Tensor]:
@@ -58,3 +58,56 @@ def reparametrized(module: torch.nn.Module | None, state: dict[str, torch.Tensor
 
     with _reparametrize_module(module, state, tie_weights=True, strict=False):
         yield
+
+
+def run_step(forward: Callable[[], Any], on_phase: Callable[[str, Any], None] | None = None, *,
+             accumulate: bool = True) -> None:
+    """The training step every count and prediction observes, written once: ``forward()`` (the
+    caller's fake call, inside its modes), the loss of its output, the loss's backward.
+    ``on_phase(name, loss)`` is told as the loss ("loss", None) and the backward ("bwd", the loss;
+    None when nothing needs a gradient) begin, so observers attribute ops to them.
+    ``accumulate=False``: the backward writes no ``.grad`` (``torch.autograd.grad`` to the graph's
+    leaves: the same ops)."""
+    out = forward()
+    if on_phase is not None:
+        on_phase("loss", None)
+    loss = loss_of(out)
+    del out  # only the loss's graph holds the output's storages from here
+    if on_phase is not None:
+        on_phase("bwd", loss)
+    if loss is None:
+        return
+    if accumulate:
+        backward(loss)
+    else:
+        torch.autograd.grad(loss, graph_leaves(loss), allow_unused=True)
+
+
+def backward(loss: torch.Tensor) -> None:
+    """``loss.backward()`` for a scalar loss, with the torch-function modes left on.
+
+    ``Tensor.backward`` is itself a torch function: a mode handles the call and is off while the
+    autograd engine runs, so checkpoint recomputations would run without ``EagerComposites`` and
+    take the fake path their forward did not.  Calling the engine directly keeps the mode stack.
+    """
+    from torch.autograd.graph import _engine_run_backward
+
+    grad = torch.ones_like(loss, memory_format=torch.preserve_format)  # what Tensor.backward makes
+    _engine_run_backward((loss,), (grad,), False, False, (), allow_unreachable=True, accumulate_grad=True)
+
+
+def graph_leaves(root: torch.Tensor) -> list[torch.Tensor]:
+    """Every leaf tensor that requires grad in the autograd graph of ``root``."""
+    leaves: dict[int, torch.Tensor] = {}
+    seen: set[int] = set()
+    stack = [root.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        variable = getattr(node, "variable", None)
+        if isinstance(variable, torch.Tensor):
+            leaves.setdefault(id(variable), variable)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return list(leaves.values())

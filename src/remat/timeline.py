@@ -15,16 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
 
 from .profiler.dispatch import ScratchSource, Simulation, Target
 from .profiler.memory import storage_bytes
-from .profiler.rules.composites import backward
-from .step import loss_of
+from .step import run_step
 from .units import fmt_bytes
 
-__all__ = ["OpPoint", "Span", "Timeline", "PlanTimeline", "step_timeline", "plan_timeline", "draw_timeline",
-           "attach"]
+__all__ = ["OpPoint", "Span", "Timeline", "PlanTimeline", "step_timeline", "plan_timeline", "problem_timeline",
+           "draw_timeline"]
 
 
 @dataclass(frozen=True)
@@ -138,25 +136,43 @@ def step_timeline(fn: Callable[..., Any], args: tuple, kwargs: dict | None = Non
     sim = Simulation(fn, tuple(args), kwargs, target, scratch)
     rec = _Recorder(storage_bytes([*sim.state.values(), *sim.inputs], sim.target.allocated))
     sim.tracker.on_change = rec.change
+    def on_phase(name: str, loss: Any) -> None:
+        if name == "bwd":
+            rec.phase = "bwd"
+
     with sim.running(observer=rec.observe), _recording_regions(rec):
-        loss = loss_of(fn(*sim.args, **sim.kwargs))
-        rec.phase = "bwd"
-        if loss is not None:
-            backward(loss)
-        del loss
+        run_step(lambda: fn(*sim.args, **sim.kwargs), on_phase)
     return Timeline(rec.points, sorted(rec.spans, key=lambda s: (s.first, s.depth)), rec.resident)
 
 
-def _meta(value: Any) -> Any:
-    """A meta twin of a tensor (shape, strides, dtype): what a timeline needs, with no data kept."""
-    if not isinstance(value, torch.Tensor):
-        return value
-    twin = torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device="meta")
-    return twin.requires_grad_(value.requires_grad)
+def plan_timeline(model: torch.nn.Module, gm: torch.nn.Module, example_inputs: Any,
+                  kwargs: dict | None = None) -> PlanTimeline:
+    """Timelines of ``model``'s step as it runs and of ``gm``, the module ``remat.checkpoint`` made
+    for it, with its plan's budget.  The plan is data: this simulates both modules again (on fake
+    tensors, with the plan's device, threads and scratch source), so a plan read from JSON and
+    applied with ``remat.apply_plan`` has a timeline too."""
+    from .profiled import as_args
+
+    plan = getattr(gm, "remat_plan", None)
+    if plan is None:
+        raise ValueError("gm has no remat_plan: pass the module remat.checkpoint (or apply_plan) returned")
+    if plan.info.sharding:
+        raise ValueError("timelines draw one unsharded step; this plan is per FSDP2 process")
+    args = as_args(example_inputs)
+    target = Target(torch.device(plan.info.device), plan.info.threads or 1)
+    scratch = None
+    if plan.info.scratch == "measured":  # as the planner measured: the same cache answers
+        from .profiler.calibrate import calibration_for
+
+        tensors = [t for t in (*model.parameters(), *model.buffers(), *args, *(kwargs or {}).values())
+                   if isinstance(t, torch.Tensor)]
+        scratch = calibration_for(target, tensors)
+    return _timelines(model, gm, args, kwargs or {}, target, scratch, plan.budget_bytes, plan.info.fixed_bytes or 0)
 
 
-def plan_timeline(problem: Any, gm: torch.nn.Module, plan: Any) -> PlanTimeline:
-    """Timelines of ``problem``'s step as the model runs it and of ``gm`` (its plan)."""
+def problem_timeline(problem: Any, gm: torch.nn.Module, plan: Any) -> PlanTimeline:
+    """Timelines of ``problem``'s step as the model runs it and of ``gm`` (its plan): the CLI's,
+    which holds the problem already."""
     if problem.shard is not None:
         raise ValueError("timelines draw one unsharded step; this plan is per FSDP2 process")
     return _timelines(problem.baseline, gm, problem.args, problem.kwargs, problem.target, problem.scratch,
@@ -167,20 +183,6 @@ def _timelines(baseline: torch.nn.Module, gm: torch.nn.Module, args: tuple, kwar
                scratch: ScratchSource | None, budget: int | None, fixed: int) -> PlanTimeline:
     return PlanTimeline(step_timeline(baseline, args, kwargs, target=target, scratch=scratch),
                         step_timeline(gm, args, kwargs, target=target, scratch=scratch), budget, fixed)
-
-
-def attach(plan: Any, problem: Any, gm: torch.nn.Module) -> None:
-    """Let ``plan.timeline()`` compute its timelines later.  It keeps meta twins of the inputs, not
-    the inputs themselves, so a plan never holds their memory."""
-    if problem.shard is not None:
-        return
-    baseline, target, scratch, fixed = problem.baseline, problem.target, problem.scratch, problem.fixed
-    args, kwargs = tree_map(_meta, problem.args), tree_map(_meta, problem.kwargs)
-
-    def source() -> PlanTimeline:
-        return _timelines(baseline, gm, args, kwargs, target, scratch, plan.budget_bytes, fixed)
-
-    plan._timeline = source
 
 
 def _x(n: int) -> list[float]:

@@ -206,10 +206,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         plan.to_json(args.save)
         print(f"saved the plan to {args.save}")
     if args.timeline:
-        from ..timeline import draw_timeline, plan_timeline
+        from ..timeline import draw_timeline, problem_timeline
 
         with progress.step("timeline"):
-            data = plan_timeline(problem, gm, plan)
+            data = problem_timeline(problem, gm, plan)
             draw_timeline(data, args.timeline, title=f"{work.name}, batch {args.batch}", measured=measured_curve)
         print(f"drew predicted memory over the step to {args.timeline}")
     return 0

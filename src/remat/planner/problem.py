@@ -140,7 +140,7 @@ def coarsen(model: ChainModel, max_stages: int,
     floor lay 19 MiB above checkpointing every layer by hand.
     """
     groups = [(i, i + 1) for i in range(len(model))]
-    work = list(model.f)
+    work = list(model.fwd_flops)
     depth = list(depths) if depths is not None else [0] * len(model)
     while len(groups) > max_stages:
         j = min(range(len(groups) - 1), key=lambda i: (-depth[groups[i + 1][0]], work[i] + work[i + 1]))

@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import RematWarning
 from ..fake import FakeSession, module_of
-from ..step import loss_of, reparametrized
+from ..step import reparametrized, run_step
 from . import formulas_mac, formulas_nn, formulas_pointwise  # noqa: F401  (fill the registry)
 from .registry import lookup
 
@@ -155,30 +155,11 @@ def count_flops(fn: Callable[..., Any], args: tuple | list | Any, kwargs: dict |
     state = session.state(module) if module is not None else {}
     fargs, fkwargs = session.tree(args), session.tree(kwargs or {})
     counter = FlopCounter()
+    def on_phase(name: str, loss: Any) -> None:
+        counter.phase = name
+
     with session.mode, FlopCountingMode(counter), reparametrized(module, state):
-        out = fn(*fargs, **fkwargs)
-        counter.phase = LOSS
-        loss = loss_of(out)
-        counter.phase = BWD
-        if loss is not None:
-            # autograd.grad runs the same backward as loss.backward() but writes no .grad, so a
-            # real tensor that fn captured (a constant to the fake mode) is never touched.
-            torch.autograd.grad(loss, graph_leaves(loss), allow_unused=True)
+        # accumulate=False: the same backward, writing no .grad, so a real tensor that fn captured
+        # (a constant to the fake mode) is never touched
+        run_step(lambda: fn(*fargs, **fkwargs), on_phase, accumulate=False)
     return counter.result()
-
-
-def graph_leaves(root: torch.Tensor) -> list[torch.Tensor]:
-    """Every leaf tensor that requires grad in the autograd graph of ``root``."""
-    leaves: dict[int, torch.Tensor] = {}
-    seen: set[int] = set()
-    stack = [root.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        variable = getattr(node, "variable", None)
-        if isinstance(variable, torch.Tensor):
-            leaves.setdefault(id(variable), variable)
-        stack.extend(next_node for next_node, _ in node.next_functions)
-    return list(leaves.values())

@@ -10,13 +10,12 @@ from typing import Any
 
 from torch import fx
 
-from ..step import loss_of
 from ..units import fmt_bytes, fmt_flops
 from .bound import Bound, OpBound, checkpointing_bound
+from ..step import run_step
 from .dispatch import ScratchSource, Simulation, Target
-from .flops import BWD, FWD, LOSS
+from .flops import BWD, FWD
 from .memory import storage_bytes
-from .rules.composites import backward
 from .node import META_KEY, NodeProfile, NodeProfiler
 from .timing import machine
 
@@ -97,17 +96,18 @@ def profile_graph(gm: fx.GraphModule, args: tuple, kwargs: dict | None = None,
         profiler.observe(*a, **k)
         ops.observe(*a, **k)
 
-    with sim.running(observer=observe):
+    def forward() -> Any:
         out = profiler.run(*sim.args) if not sim.kwargs else _run_kwargs(profiler, gm, sim.args, sim.kwargs)
         profiler.env.clear()  # the Interpreter keeps the output node's value; the real step does not
-        profiler.flops.phase = LOSS
-        loss = loss_of(out)
-        del out
-        profiler.flops.phase = BWD
-        if loss is not None:
+        return out
+
+    def on_phase(name: str, loss: Any) -> None:
+        profiler.flops.phase = name
+        if name == BWD and loss is not None:
             ops.backward(loss)
-            backward(loss)
-        del loss
+
+    with sim.running(observer=observe):
+        run_step(forward, on_phase)
         ops.finish()
         profiler.finish()
     grads = [t.grad for t in fake_params if t.grad is not None]

@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from ..step import loss_of
+from ..step import run_step
 from .dispatch import ScratchSource, Simulation, Target
 from .memory import storage_bytes
-from .rules.composites import backward
 
 __all__ = ["StepMemory", "simulate_step"]
 
@@ -61,10 +60,7 @@ def simulate_step(fn: Callable[..., Any], args: tuple, kwargs: dict | None = Non
     sim = Simulation(fn, tuple(args), kwargs, target, scratch)
     resident_tensors = [*sim.state.values(), *sim.inputs]
     with sim.running(), _sharded_gradients(sim.state, grad_shards or {}) as shards:
-        loss = loss_of(fn(*sim.args, **sim.kwargs))
-        if loss is not None:
-            backward(loss)
-        del loss
+        run_step(lambda: fn(*sim.args, **sim.kwargs))
     grads = [t.grad for t in sim.state.values() if t.grad is not None]
     held = sim.target.allocated  # the device allocator's count of each storage
     grad_bytes = storage_bytes(grads, held) + storage_bytes(shards, held)

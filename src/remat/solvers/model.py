@@ -8,13 +8,16 @@ This is the execution model of nested non-reentrant ``torch.utils.checkpoint`` o
   ``fdis`` above it while it runs, and intermediate outputs are freed at once;
 * a region that keeps its expensive ops' outputs (policy SAVE_COMPUTE, torch's selective
   checkpointing) also keeps each stage's ``keep`` bytes through the forward; its recomputation runs
-  every stage kept (no regions inside), reusing those outputs, and costs only ``t - keep_time``;
+  every stage kept (no regions inside), reusing those outputs, and costs only ``fwd_time - keep_time``;
+* a SAVE_COMPUTE region inside a plain one keeps its ``keep`` bytes from the outer forward to the
+  end of the outer region's backward (torch's selective checkpoint caches them in the outer forward
+  too); rotor's plan space leaves such nestings out, the simulator counts them for any plan;
 * the backward of a region first releases its output, re-runs the region's contents with autograd
   (children regions again keep only their outputs), then runs their backward in reverse;
 * the backward of a stage needs ``xbar`` and the gradient of its output, produces the gradient of
   its input (``x`` bytes) and its parameter gradients (``g``), which stay to the end of the step.
 
-The cost solvers minimize is recomputation time (``t``, predicted seconds); FLOPs (``f``) are
+The cost solvers minimize is recomputation time (``fwd_time``, predicted seconds); FLOPs (``fwd_flops``) are
 reported.  The simulator is written independently of the dynamic program in rotor.py; the tests
 check the DP's optimum against an exhaustive search evaluated here.
 """
@@ -33,7 +36,7 @@ __all__ = ["Cost", "ChainModel", "evaluate", "recompute_flops", "recompute_time"
 class ChainModel:
     """Sizes, FLOPs and times per stage, as plain tuples (bytes, or slots once discretized)."""
 
-    f: tuple[int, ...]  # forward FLOPs
+    fwd_flops: tuple[int, ...]  # forward FLOPs
     x: tuple[int, ...]  # input bytes (gradient of the input has the same size)
     y: tuple[int, ...]  # output bytes
     xbar: tuple[int, ...]  # kept with autograd on (saved tensors and output)
@@ -43,7 +46,7 @@ class ChainModel:
     fdis: tuple[int, ...]  # forward peak with nothing saved, output included (above the input)
     skip: tuple[int, ...] = ()  # bytes of a block's input also flowing over the stage's output cut
     skip_from: tuple[int, ...] = ()  # the stage that produced it (-1: none)
-    t: tuple[float, ...] = ()  # forward seconds (defaults to the FLOPs: one FLOP, one unit)
+    fwd_time: tuple[float, ...] = ()  # forward seconds (defaults to the FLOPs: one FLOP, one unit)
     keep: tuple[int, ...] = ()  # bytes a SAVE_COMPUTE region keeps of this stage
     keep_time: tuple[float, ...] = ()  # seconds a SAVE_COMPUTE recomputation skips
     xfree: tuple[int, ...] = ()  # input bytes nothing saves: held by a region starting at the stage
@@ -51,8 +54,8 @@ class ChainModel:
     keep_safe: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
-        n = len(self.f)
-        defaults = {"skip": (0,) * n, "skip_from": (-1,) * n, "t": tuple(float(v) for v in self.f),
+        n = len(self.fwd_flops)
+        defaults = {"skip": (0,) * n, "skip_from": (-1,) * n, "fwd_time": tuple(float(v) for v in self.fwd_flops),
                     "keep": (0,) * n, "keep_time": (0.0,) * n, "xfree": (0,) * n, "keep_safe": (True,) * n}
         for name, value in defaults.items():
             if not getattr(self, name):
@@ -69,7 +72,7 @@ class ChainModel:
                    tuple(not st.keep_refused for st in s))
 
     def __len__(self) -> int:
-        return len(self.f)
+        return len(self.fwd_flops)
 
     def merged(self, groups: Sequence[tuple[int, int]]) -> "ChainModel":
         """The model with each group of stages [a, b) run as one stage.
@@ -97,11 +100,11 @@ class ChainModel:
             fdis = max([self.fdis[a]] + [self.y[i - 1] + self.skip[i - 1] + sum(self.keep[a:i]) + self.fdis[i]
                                          for i in range(a + 1, b)])
             return dict(
-                f=sum(self.f[a:b]), x=self.x[a], y=self.y[b - 1], xbar=kept, ftmp=max(0, forward_peak - kept),
+                fwd_flops=sum(self.fwd_flops[a:b]), x=self.x[a], y=self.y[b - 1], xbar=kept, ftmp=max(0, forward_peak - kept),
                 btmp=backward_peak - self.x[a] - g, g=g, fdis=fdis, skip=self.skip[b - 1],
                 # skip producers are indices of this model: map them to merged stages
                 skip_from=where.get(self.skip_from[b - 1], -1) if self.skip_from[b - 1] >= 0 else -1,
-                t=sum(self.t[a:b]), keep=sum(self.keep[a:b]), keep_time=sum(self.keep_time[a:b]), xfree=self.xfree[a],
+                fwd_time=sum(self.fwd_time[a:b]), keep=sum(self.keep[a:b]), keep_time=sum(self.keep_time[a:b]), xfree=self.xfree[a],
                 keep_safe=all(self.keep_safe[a:b]))
 
         rows = [merge(a, b) for a, b in groups]
@@ -118,7 +121,7 @@ class ChainModel:
 
     def recompute_seconds(self, i: int, policy: str) -> float:
         """What recomputing stage i costs in a region with ``policy``."""
-        return self.t[i] if policy == FULL else max(0.0, self.t[i] - self.keep_time[i])
+        return self.fwd_time[i] if policy == FULL else max(0.0, self.fwd_time[i] - self.keep_time[i])
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,7 @@ def recompute_flops(model: ChainModel, regions: Sequence[Region]) -> int:
     count their stages' FLOPs too: their cheap ops are recomputed, not their matmuls)."""
     total = 0
     for r in regions:
-        total += sum(model.f[r.start:r.stop]) + recompute_flops(model, r.children)
+        total += sum(model.fwd_flops[r.start:r.stop]) + recompute_flops(model, r.children)
     return total
 
 

@@ -88,7 +88,7 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
     def col(values) -> torch.Tensor:
         return torch.tensor(values, dtype=d64)
 
-    t_fwd, x, y, xbar = col(model.t), col(model.x), col(model.y), col(model.xbar)
+    t_fwd, x, y, xbar = col(model.fwd_time), col(model.x), col(model.y), col(model.xbar)
     ftmp, btmp, g, fdis, skip = col(model.ftmp), col(model.btmp), col(model.g), col(model.fdis), col(model.skip)
     keep, xfree = col(model.keep), col(model.xfree)
     t_sel = col([model.recompute_seconds(i, SAVE_COMPUTE) for i in range(n)])

@@ -11,7 +11,7 @@ on fake tensors they take an out-of-place path a real run does not.  The simulat
   place as well.  The simulation's own modes (fake tensors, accounting) are not counted: they are
   registered with ``own_modes`` once they are on.
 
-The backward must run with the mode still on (``backward``): a checkpoint recomputes its region
+The backward must run with the mode still on (``remat.step.backward``): a checkpoint recomputes its region
 there, and must take the paths its forward took (selective checkpointing checks that it does).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-__all__ = ["EagerComposites", "backward"]
+__all__ = ["EagerComposites"]
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Any:
@@ -55,17 +55,3 @@ class EagerComposites(TorchFunctionMode):
             if out is not None:
                 return out
         return func(*args, **kwargs)
-
-
-
-def backward(loss: torch.Tensor) -> None:
-    """``loss.backward()`` for a scalar loss, with the torch-function modes left on.
-
-    ``Tensor.backward`` is itself a torch function: a mode handles the call and is off while the
-    autograd engine runs, so checkpoint recomputations would run without ``EagerComposites`` and
-    take the fake path their forward did not.  Calling the engine directly keeps the mode stack.
-    """
-    from torch.autograd.graph import _engine_run_backward
-
-    grad = torch.ones_like(loss, memory_format=torch.preserve_format)  # what Tensor.backward makes
-    _engine_run_backward((loss,), (grad,), False, False, (), allow_unreachable=True, accumulate_grad=True)
