@@ -245,7 +245,7 @@ def run_model(name: str, steps: int, quick: bool, only_peers: bool = False) -> t
     points += more
     for p in points:
         print(f"{name}: {p.system:28s} {fmt_bytes(p.peak):>12} {p.ratio:6.2f}x", flush=True)
-    return points, notes, plot(name, points)
+    return points, notes, plot(name, points, "peers_schedules" if only_peers else "peers")
 
 
 def fixed_bytes(model: torch.nn.Module, inputs) -> int:
@@ -351,7 +351,7 @@ def verdict(name: str, points: list[Point], notes: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def plot(name: str, points: list[Point]) -> str:
+def plot(name: str, points: list[Point], stem: str = "peers") -> str:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -374,7 +374,7 @@ def plot(name: str, points: list[Point]) -> str:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    path = RESULTS / f"peers_{name}.png"
+    path = RESULTS / f"{stem}_{name}.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path.name

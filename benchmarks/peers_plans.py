@@ -9,7 +9,7 @@ plan, and compared with rotor's plan at the same predicted peak.  Where remat's 
 is faster and a measurement (benchmarks/peers.py) says the peer is, the time model is what is wrong,
 not the search.  Predictions only: nothing is timed, so it runs beside other work.
 
-    python benchmarks/peers_plans.py [--spec transformers:gpt2:layers=6,width=512,heads=8,seq=256 --batch 4]
+    python benchmarks/peers_plans.py [--spec transformers:gpt2:layers=6,width=512,heads=8,seq=256 --batch 4 ...]
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from remat.planner import apply_regions, plan_problem, prepare
 from remat.solvers.base import FULL, SAVE_COMPUTE, Region
 from remat.solvers.model import recompute_time
 from remat.units import fmt_bytes
+from remat.errors import InfeasibleBudget
 from remat.zoo import build
 
 from common import md_table, write_result
@@ -40,12 +41,13 @@ def blocks_of(problem) -> dict[str, list[int]]:
     return found
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--spec", default="transformers:gpt2:layers=6,width=512,heads=8,seq=256")
-    ap.add_argument("--batch", type=int, default=4)
-    args = ap.parse_args(argv)
-    work = build(args.spec, args.batch)
+SPECS = (("transformers:gpt2:layers=6,width=512,heads=8,seq=256", 4),
+         ("transformers:llama:layers=8,width=512,heads=8,seq=512,vocab=8000", 2))
+
+
+def peer_rows(spec: str, batch: int) -> tuple[str, list[tuple]]:
+    """Each peer's schedule in remat's model beside rotor's plan at its predicted peak."""
+    work = build(spec, batch)
     problem = prepare(work.model, work.inputs, work.kwargs, work.shared_inputs)
     level = "fine" if "fine" in problem.levels else "blocks"
     model = problem.levels[level].exact
@@ -59,17 +61,38 @@ def main(argv=None) -> int:
     rows = []
     for name, regions in peers.items():
         peak = problem.predict(apply_regions(problem, regions, level))
-        _, plan = plan_problem(problem, "rotor", parse_budget(problem.margin.budget_for(peak)))
+        try:
+            _, plan = plan_problem(problem, "rotor", parse_budget(problem.margin.budget_for(peak)))
+        except InfeasibleBudget as e:
+            rows.append((spec.split(":")[1], name, len(regions), fmt_bytes(peak),
+                         f"+{recompute_time(model, regions) / step:.1%}", f"infeasible (floor {fmt_bytes(e.min_bytes or 0)})",
+                         "-", "-"))
+            continue
         kept = sum(r.policy != FULL for r in plan.regions)
-        rows.append((name, len(regions), fmt_bytes(peak), f"+{recompute_time(model, regions) / step:.1%}",
-                     fmt_bytes(plan.predicted_peak_bytes), f"+{plan.info.recompute_seconds / step:.1%}",
-                     f"{len(plan.regions)} ({kept} keeping)"))
+        rows.append((spec.split(":")[1], name, len(regions), fmt_bytes(peak),
+                     f"+{recompute_time(model, regions) / step:.1%}", fmt_bytes(plan.predicted_peak_bytes),
+                     f"+{plan.info.recompute_seconds / step:.1%}", f"{len(plan.regions)} ({kept} keeping)"))
         print(rows[-1], flush=True)
-    table = md_table(("peer schedule", "regions", "predicted peak", "predicted time", "remat at that peak: peak",
+    return f"{work.title}, batch {batch}: {len(blocks)} blocks by module path on the {level} chain", rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spec", action="append", help="model spec (repeatable; default: a GPT-2 and a Llama)")
+    ap.add_argument("--batch", type=int, action="append", help="batch per --spec")
+    args = ap.parse_args(argv)
+    specs = list(zip(args.spec, args.batch or [4] * len(args.spec))) if args.spec else list(SPECS)
+    about, rows = [], []
+    for spec, batch in specs:
+        title, found = peer_rows(spec, batch)
+        about.append(f"- {title}")
+        rows += found
+    table = md_table(("model", "peer schedule", "regions", "predicted peak", "predicted time", "remat at that peak: peak",
                       "predicted time", "remat's regions"), rows)
     write_result("peers_plans.md", "The peers' schedules in remat's own model",
-                 [f"{work.title}, batch {args.batch}; {len(blocks)} blocks found by module path on the {level} "
-                  "chain. Predicted times are recomputation over the step's predicted time.", table])
+                 ["\n".join(about) + "\n\nPredicted times are recomputation over the step's predicted time; op times "
+                  "from this machine's cache (measure on an idle machine: profiler/timing.py). Measured: "
+                  "peers_schedules.md (benchmarks/peers.py --only-peers).", table])
     print(table)
     return 0
 
