@@ -176,3 +176,24 @@ def test_random_networks_with_inplace_writes_into_matmul_outputs(monkeypatch, se
         gm = assert_same_step(model, lambda m: remat.checkpoint(m, (x,), budget=e.min_bytes), (x,))
     assert remat.measure_peak(gm, (x,)) <= gm.remat_plan.budget_bytes
     assert_same_step(model, lambda m: keeping_everywhere(m, (x,)), (x,))
+
+
+@pytest.mark.parametrize("per_op", [0.0, 1.0])
+def test_keeping_regions_pay_for_torchs_selective_dispatch(monkeypatch, per_op):
+    """torch's selective checkpoint runs every op of a region through a Python dispatch mode, in the
+    forward and the recomputation (timing.py measures it: ~10 us per op here, most of what keeping a
+    Llama layer's outputs costs).  The plan pays for it: priced at a second per op, rotor keeps no
+    outputs anywhere; free, it keeps them in the MLP's regions."""
+    from dataclasses import replace
+
+    import remat.profiler.model
+    from remat.profiler.timing import machine
+    from remat.zoo import build
+
+    measured = machine("cpu", 1)
+    assert measured.selective_op_s > 0  # measured on this machine
+    monkeypatch.setattr(remat.profiler.model, "machine", lambda *a: replace(measured, selective_op_s=per_op))
+    work = build("mlp", 4)  # the README's plan: three regions keeping their matmul outputs
+    gm = remat.checkpoint(work.model, work.inputs, budget=0.5)
+    kinds = {str(r.policy) for r in gm.remat_plan.regions}
+    assert gm.remat_plan.regions and (("save-compute" in kinds) == (per_op == 0.0)), kinds

@@ -57,6 +57,7 @@ class Stage:
     # why a region may not keep its matmul/conv/attention outputs ("": it may): a later op writes
     # one of them in place (NodeProfile.keep_refused of its first such node)
     keep_refused: str = ""
+    selective_time: float = 0.0  # seconds a region keeping its outputs adds (torch's selective checkpoint's mode)
 
 
 @dataclass
@@ -244,7 +245,8 @@ def _stage(nodes: list[fx.Node], index: int, first: int, last: int, entry: froze
     keep_time = min(seconds, sum(p.keep_time for p in profs))
     refused = next((f"{p.name}: {p.keep_refused}" for p in profs if p.keep_refused), "")
     return Stage(index, first, last, tuple(n.name for n in nodes[first:last + 1]), fwd, bwd, x, xbar, ftmp, btmp,
-                 y, g, fdis, skip, skip_from, seconds, sum(p.keep_bytes for p in profs), keep_time, xfree, refused)
+                 y, g, fdis, skip, skip_from, seconds, sum(p.keep_bytes for p in profs), keep_time, xfree, refused,
+                 sum(p.selective_time for p in profs))
 
 
 def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, split_blocks: bool = False) -> Chain:

@@ -70,6 +70,7 @@ class NodeProfile:
     bwd_time: float = 0.0  # predicted seconds of its backward ops
     keep_bytes: int = 0  # new outputs of its matmul/conv/attention ops: what a region saving those keeps
     keep_time: float = 0.0  # seconds of those ops: what recomputing the node skips when they are kept
+    selective_time: float = 0.0  # seconds torch's selective checkpoint adds to its forward ops (timing.py)
     # why a region may not keep those outputs ("": it may): a later op writes one in place (GRUCell's
     # in-place gates on its addmm outputs, ``y = lin(x); y.mul_(s)``), and torch's selective
     # checkpoint would hand the overwritten tensor back to the recomputation
@@ -151,6 +152,7 @@ class NodeProfiler(fx.Interpreter):
         elif self.flops.phase == FWD:
             prof.fwd_flops += flops
             prof.fwd_time += seconds
+            prof.selective_time += self.machine.selective_op_s
             self.record_writes(prof, func, args, kwargs)
             found = lookup(func)
             if found.formula is not None and found.formula.mac:

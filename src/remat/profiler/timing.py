@@ -48,6 +48,9 @@ class Machine:
     bytes_per_s: float  # memory bandwidth of a large copy (read + write counted)
     overhead_s: float  # time of a trivial op (dispatch and launch)
     source: str  # "measured" on this machine, or where the numbers come from
+    # what torch's selective checkpoint adds per op of a region keeping its matmul outputs: its
+    # Python dispatch mode on the op in the forward and again in the recomputation (0: not measured)
+    selective_op_s: float = 0.0
 
 
 # A device remat cannot run here (a GPU planned from a CPU-only machine): nominal numbers of an
@@ -161,9 +164,41 @@ def _measure_cpu(threads: int) -> Machine:
         bandwidth = 2 * big.numel() * 4 / best_of(lambda: out.copy_(big))
         tiny = torch.ones(1)
         overhead = best_of(lambda: torch.add(tiny, tiny), repeat=50)
+        selective = _selective_op_seconds()
     finally:
         torch.set_num_threads(before)
-    return Machine(on_grid(flops), on_grid(bandwidth), on_grid(overhead), "measured")
+    return Machine(on_grid(flops), on_grid(bandwidth), on_grid(overhead), "measured", on_grid(selective))
+
+
+def _selective_op_seconds(ops: int = 200) -> float:
+    """Per op, what a region under torch's selective checkpoint costs beyond a plain checkpoint: a
+    chain of ``ops`` tiny ops, forward and backward, both ways (10.6 us on the 2-core AMD EPYC, 0.6
+    us for the plain checkpoint's recomputation of such an op: the mode is most of a keeping
+    region's cost on a Llama layer's ~70 small ops)."""
+    from functools import partial
+
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    def chain(x: torch.Tensor) -> torch.Tensor:
+        for _ in range(ops // 2):
+            x = x * 1.0001 + 0.0001
+        return x
+
+    x = torch.ones(8, requires_grad=True)
+
+    def plain() -> None:
+        checkpoint(chain, x, use_reentrant=False).sum().backward()
+
+    def selective() -> None:
+        checkpoint(chain, x, use_reentrant=False,
+                   context_fn=partial(create_selective_checkpoint_contexts, policy)).sum().backward()
+
+    with torch.enable_grad(), _plain(), torch.autocast("cpu", enabled=False):  # whatever the caller's context
+        plain(), selective()
+        return max(0.0, best_of(selective) - best_of(plain)) / ops
 
 
 @functools.lru_cache(maxsize=None)
@@ -171,7 +206,7 @@ def machine(device: str, threads: int) -> Machine:
     """The machine numbers for ``device`` ("cpu": measured here once and cached on disk)."""
     if device != "cpu":
         return _NOMINAL.get(device, _NOMINAL["cuda"])
-    path = cache_dir() / f"machine-cpu-torch{torch.__version__}-threads{threads}.json".replace("+", "_")
+    path = cache_dir() / f"machine-v2-cpu-torch{torch.__version__}-threads{threads}.json".replace("+", "_")
     try:
         return Machine(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):

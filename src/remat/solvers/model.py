@@ -52,11 +52,13 @@ class ChainModel:
     xfree: tuple[int, ...] = ()  # input bytes nothing saves: held by a region starting at the stage
     # may a SAVE_COMPUTE region contain the stage (False: a later op overwrites an output it would keep)
     keep_safe: tuple[bool, ...] = ()
+    selective_time: tuple[float, ...] = ()  # seconds a SAVE_COMPUTE region adds to the stage (its dispatch mode)
 
     def __post_init__(self) -> None:
         n = len(self.fwd_flops)
         defaults = {"skip": (0,) * n, "skip_from": (-1,) * n, "fwd_time": tuple(float(v) for v in self.fwd_flops),
-                    "keep": (0,) * n, "keep_time": (0.0,) * n, "xfree": (0,) * n, "keep_safe": (True,) * n}
+                    "keep": (0,) * n, "keep_time": (0.0,) * n, "xfree": (0,) * n, "keep_safe": (True,) * n,
+                    "selective_time": (0.0,) * n}
         for name, value in defaults.items():
             if not getattr(self, name):
                 object.__setattr__(self, name, value)
@@ -69,7 +71,7 @@ class ChainModel:
                    tuple(st.g for st in s), tuple(st.fdis for st in s), tuple(st.skip for st in s),
                    tuple(st.skip_from for st in s), tuple(st.fwd_time for st in s), tuple(st.keep for st in s),
                    tuple(st.keep_time for st in s), tuple(st.xfree for st in s),
-                   tuple(not st.keep_refused for st in s))
+                   tuple(not st.keep_refused for st in s), tuple(st.selective_time for st in s))
 
     def __len__(self) -> int:
         return len(self.fwd_flops)
@@ -105,7 +107,7 @@ class ChainModel:
                 # skip producers are indices of this model: map them to merged stages
                 skip_from=where.get(self.skip_from[b - 1], -1) if self.skip_from[b - 1] >= 0 else -1,
                 fwd_time=sum(self.fwd_time[a:b]), keep=sum(self.keep[a:b]), keep_time=sum(self.keep_time[a:b]), xfree=self.xfree[a],
-                keep_safe=all(self.keep_safe[a:b]))
+                keep_safe=all(self.keep_safe[a:b]), selective_time=sum(self.selective_time[a:b]))
 
         rows = [merge(a, b) for a, b in groups]
         return ChainModel(**{f.name: tuple(r[f.name] for r in rows) for f in fields(self)})
@@ -121,7 +123,9 @@ class ChainModel:
 
     def recompute_seconds(self, i: int, policy: str) -> float:
         """What recomputing stage i costs in a region with ``policy``."""
-        return self.fwd_time[i] if policy == FULL else max(0.0, self.fwd_time[i] - self.keep_time[i])
+        if policy == FULL:
+            return self.fwd_time[i]
+        return max(0.0, self.fwd_time[i] - self.keep_time[i]) + self.selective_time[i]
 
 
 @dataclass(frozen=True)
