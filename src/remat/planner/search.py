@@ -135,6 +135,11 @@ def least_regions(problem: Problem, solver: Solver, level: Granularity,
     return problem.least_regions[key]
 
 
+def _modeled(problem: Problem, level: Granularity, regions: tuple[Region, ...]) -> int:
+    """The stage model's peak of ``regions`` on ``level``'s exact (uncoarsened) chain, resident included."""
+    return problem.resident + evaluate(level.exact, regions).peak
+
+
 def find_plan(problem: Problem, solver: Solver, budget_bytes: int | None,
            settings: SolveSettings = SolveSettings(), verify: bool = True) -> Candidate:
     """Solve, generate and verify at one budget, tightening the solver's limit by each overshoot.
@@ -161,7 +166,7 @@ def find_plan(problem: Problem, solver: Solver, budget_bytes: int | None,
             with progress.step("verify"):
                 peak = _predict(problem, gm, regions)
         else:
-            peak = problem.resident + evaluate(level.exact, regions).peak
+            peak = _modeled(problem, level, regions)
         # the model's own step needs no margin: it is what the user runs without remat
         if budget_bytes is None or (margin.budget_for(peak) if regions else peak) <= budget_bytes:
             return Candidate(level, regions, gm, peak, attempts)
@@ -170,15 +175,10 @@ def find_plan(problem: Problem, solver: Solver, budget_bytes: int | None,
             break
         # tighten by the overshoot plus TIGHTEN, and at least by the stage model's error on this plan
         target = budget_bytes - margin.allowance(peak)
-        modeled = problem.resident + evaluate(level.exact, regions).peak
+        modeled = _modeled(problem, level, regions)
         limit = min(limit - (peak - target) - max(1, int(limit * TIGHTEN)),
                     target - problem.resident - max(0, peak - modeled))
     raise NoFit(best)
-
-
-def _modeled(problem: Problem, found: Candidate) -> int:
-    """The stage model's peak of a candidate's regions (its exact, uncoarsened chain)."""
-    return problem.resident + evaluate(found.level.exact, found.regions).peak
 
 
 def _least_candidate(problem: Problem, solver: Solver, level: Granularity, settings: SolveSettings,
@@ -192,7 +192,7 @@ def _least_candidate(problem: Problem, solver: Solver, level: Granularity, setti
         with progress.step("verify", "the least-memory plan"):
             peak = _predict(problem, gm, regions)
     else:
-        peak = problem.resident + evaluate(level.exact, regions).peak
+        peak = _modeled(problem, level, regions)
     return Candidate(level, regions, gm, peak, 1)
 
 
@@ -209,7 +209,7 @@ def smallest_budget(problem: Problem, solver: Solver, settings: SolveSettings = 
     if solver.least is not None:
         for level in problem.levels.values():
             found = _least_candidate(problem, solver, level, settings, verify)
-            if found is not None and settings.selective and found.peak > _modeled(problem, found):
+            if found is not None and settings.selective and found.peak > _modeled(problem, level, found.regions):
                 # The stage model under-predicted a plan with selective regions (one nested in a
                 # plain region: Llama 8 x 512, 28 MiB): the same least memory without them may
                 # verify lower.  Only then is the second plan solved and verified.
