@@ -88,11 +88,11 @@ def _search(problem: Problem, solver: Solver, budget: Budget | None, settings: S
 def _best_seconds(problem: Problem, solver: Solver, found: Candidate, budget_bytes: int | None,
                   settings: SolveSettings) -> float | None:
     """The least recomputation time any plan in remat's space has at the budget (the plan's peak
-    when there is none), by rotor's optimum on the stage model: the plan's own when rotor found it
-    at the first attempt, else one more solve."""
+    when there is none), by rotor's optimum on the stage model: the plan's own when an optimal
+    solver found it at the first attempt, else one more solve."""
     if not found.regions:
         return 0.0
-    if solver.name == "rotor" and found.attempts == 1:
+    if solver.optimal and found.attempts == 1:
         return recompute_time(found.level.exact, found.regions)
     budget = budget_bytes if budget_bytes is not None else problem.margin.budget_for(found.peak)
     limit = budget - problem.resident  # as find_plan's first solve
