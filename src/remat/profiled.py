@@ -21,7 +21,7 @@ from .profiler.model import ModelProfile, profile_graph
 from .profiler.step import simulate_step
 from .trace import trace
 
-__all__ = ["Profiled", "profile", "resolve_device", "trace_and_profile"]
+__all__ = ["Profiled", "as_args", "profile", "resolve_device", "state_and_inputs", "trace_and_profile"]
 
 
 @dataclass
@@ -58,8 +58,7 @@ def trace_and_profile(model: torch.nn.Module, args: tuple, kwargs: dict | None =
     in place."""
     with progress.step("trace and check" if check else "trace"):
         gm = trace(model, args, kwargs, check=check)
-    tensors = [t for t in (*model.parameters(), *model.buffers(), *tree_leaves((args, kwargs)))
-               if isinstance(t, torch.Tensor)]
+    tensors = state_and_inputs(model, args, kwargs)
     target = Target(resolve_device(device, tensors))
     scratch = calibration_for(target, tensors, calibrate)
     with progress.step("profile"):
@@ -72,6 +71,13 @@ def trace_and_profile(model: torch.nn.Module, args: tuple, kwargs: dict | None =
     if scratch is not None:
         scratch.flush()
     return Profiled(gm, prof, baseline, regions, target, scratch)
+
+
+def state_and_inputs(model: torch.nn.Module, args: tuple, kwargs: dict | None = None) -> list[torch.Tensor]:
+    """The model's parameters and buffers and every tensor in its inputs: what says where a step
+    runs and whether its kernels can be measured here."""
+    return [t for t in (*model.parameters(), *model.buffers(), *tree_leaves((args, kwargs)))
+            if isinstance(t, torch.Tensor)]
 
 
 def as_args(example_inputs: Any) -> tuple:

@@ -13,7 +13,11 @@ from typing import Any
 
 import torch
 
-__all__ = ["backward", "floating_outputs", "graph_leaves", "loss_of", "reparametrized", "run_step"]
+__all__ = ["BWD", "FWD", "LOSS", "backward", "floating_outputs", "graph_leaves", "loss_of", "reparametrized",
+           "run_step"]
+
+# The phases of the step, as observers attribute ops to them (run_step tells them when each begins)
+FWD, LOSS, BWD = "fwd", "loss", "bwd"
 
 
 def floating_outputs(out: Any) -> Iterator[torch.Tensor]:
@@ -64,17 +68,17 @@ def run_step(forward: Callable[[], Any], on_phase: Callable[[str, Any], None] | 
              accumulate: bool = True) -> None:
     """The training step every count and prediction observes, written once: ``forward()`` (the
     caller's fake call, inside its modes), the loss of its output, the loss's backward.
-    ``on_phase(name, loss)`` is told as the loss ("loss", None) and the backward ("bwd", the loss;
+    ``on_phase(name, loss)`` is told as the loss (LOSS, None) and the backward (BWD, the loss;
     None when nothing needs a gradient) begin, so observers attribute ops to them.
     ``accumulate=False``: the backward writes no ``.grad`` (``torch.autograd.grad`` to the graph's
     leaves: the same ops)."""
     out = forward()
     if on_phase is not None:
-        on_phase("loss", None)
+        on_phase(LOSS, None)
     loss = loss_of(out)
     del out  # only the loss's graph holds the output's storages from here
     if on_phase is not None:
-        on_phase("bwd", loss)
+        on_phase(BWD, loss)
     if loss is None:
         return
     if accumulate:

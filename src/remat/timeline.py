@@ -18,7 +18,7 @@ import torch
 
 from .profiler.dispatch import ScratchSource, Simulation, Target
 from .profiler.memory import storage_bytes
-from .step import run_step
+from .step import BWD, run_step
 from .units import fmt_bytes
 
 __all__ = ["OpPoint", "Span", "Timeline", "PlanTimeline", "step_timeline", "plan_timeline", "problem_timeline",
@@ -137,8 +137,8 @@ def step_timeline(fn: Callable[..., Any], args: tuple, kwargs: dict | None = Non
     rec = _Recorder(storage_bytes([*sim.state.values(), *sim.inputs], sim.target.allocated))
     sim.tracker.on_change = rec.change
     def on_phase(name: str, loss: Any) -> None:
-        if name == "bwd":
-            rec.phase = "bwd"
+        if name == BWD:
+            rec.phase = BWD
 
     with sim.running(observer=rec.observe), _recording_regions(rec):
         run_step(lambda: fn(*sim.args, **sim.kwargs), on_phase)
@@ -151,7 +151,7 @@ def plan_timeline(model: torch.nn.Module, gm: torch.nn.Module, example_inputs: A
     for it, with its plan's budget.  The plan is data: this simulates both modules again (on fake
     tensors, with the plan's device, threads and scratch source), so a plan read from JSON and
     applied with ``remat.apply_plan`` has a timeline too."""
-    from .profiled import as_args
+    from .profiled import as_args, state_and_inputs
 
     plan = getattr(gm, "remat_plan", None)
     if plan is None:
@@ -164,9 +164,7 @@ def plan_timeline(model: torch.nn.Module, gm: torch.nn.Module, example_inputs: A
     if plan.info.scratch == "measured":  # as the planner measured: the same cache answers
         from .profiler.calibrate import calibration_for
 
-        tensors = [t for t in (*model.parameters(), *model.buffers(), *args, *(kwargs or {}).values())
-                   if isinstance(t, torch.Tensor)]
-        scratch = calibration_for(target, tensors)
+        scratch = calibration_for(target, state_and_inputs(model, args, kwargs))
     return _timelines(model, gm, args, kwargs or {}, target, scratch, plan.budget_bytes, plan.info.fixed_bytes or 0)
 
 

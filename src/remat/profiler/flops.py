@@ -19,14 +19,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import RematWarning
 from ..fake import FakeSession, module_of
-from ..step import reparametrized, run_step
+from ..step import BWD, FWD, LOSS, reparametrized, run_step
 from . import formulas_mac, formulas_nn, formulas_pointwise  # noqa: F401  (fill the registry)
 from .registry import lookup
 
 __all__ = ["FlopCount", "FlopCounter", "FlopCountingMode", "count_flops"]
-
-FWD, LOSS, BWD = "fwd", "loss", "bwd"
-
 
 @dataclass
 class FlopCount:
@@ -155,6 +152,7 @@ def count_flops(fn: Callable[..., Any], args: tuple | list | Any, kwargs: dict |
     state = session.state(module) if module is not None else {}
     fargs, fkwargs = session.tree(args), session.tree(kwargs or {})
     counter = FlopCounter()
+
     def on_phase(name: str, loss: Any) -> None:
         counter.phase = name
 

@@ -10,11 +10,10 @@ from typing import Any
 
 from torch import fx
 
+from ..step import BWD, FWD, run_step
 from ..units import fmt_bytes, fmt_flops
 from .bound import Bound, OpBound, checkpointing_bound
-from ..step import run_step
 from .dispatch import ScratchSource, Simulation, Target
-from .flops import BWD, FWD
 from .memory import storage_bytes
 from .node import META_KEY, NodeProfile, NodeProfiler
 from .timing import machine

@@ -14,7 +14,8 @@ import torch
 from torch import fx
 from torch.utils._pytree import tree_flatten
 
-from .flops import BWD, FWD, LOSS, FlopCounter
+from ..step import BWD, FWD, LOSS
+from .flops import FlopCounter
 from .dispatch import KernelMemory
 from .memory import StorageTracker
 from .registry import lookup
