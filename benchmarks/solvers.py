@@ -22,7 +22,7 @@ import remat
 from remat.budget import Budget
 from remat.errors import InfeasibleBudget
 from remat.planner import plan_problem, prepare
-from remat.solvers.model import ChainModel
+from remat.chain import ChainModel
 from remat.solvers.rotor import solve_table
 from remat.cli.sweep import draw_pareto, sweep, sweep_table
 from remat.units import fmt_bytes

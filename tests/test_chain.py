@@ -1,4 +1,4 @@
-"""Linearization (chain.py): stages no skip connection crosses, in-place consumers with producers."""
+"""Linearization (chain/): stages no skip connection crosses, in-place consumers with producers."""
 import pytest
 import torch
 
@@ -58,7 +58,7 @@ def test_inplace_consumer_stays_with_its_producer():
 @pytest.mark.parametrize("spec", ["transformers:gpt2:layers=2,width=64,heads=2,seq=32",
                                   "transformers:llama:layers=2,width=64,heads=2,seq=32,vocab=512"])
 def test_the_stage_model_keeps_what_the_step_keeps(spec):
-    """The solvers' stage model (solvers/model.py) against the step.  Both linearizations keep,
+    """The solvers' stage model (chain/costs.py, simulated by solvers/model.py) against the step.  Both linearizations keep,
     summed over their stages, what the forward keeps (a stage whose output is a view of its input,
     a matmul's output reshaped, kept that storage a second time: GPT-2 2 x 64 kept 2.2 MB in the
     fine chain, 1.1 MB in the block chain).  On plans with one region per decoder layer, plain or
@@ -103,7 +103,7 @@ def test_coarsening_keeps_the_shallowest_module_boundaries():
     (depth 1) and the cuts inside them (depth 2), two stages are the two layers, whatever the work;
     merging by work alone joined the light stages around the layer boundary."""
     from remat.planner.problem import coarsen
-    from remat.solvers.model import ChainModel
+    from remat.chain import ChainModel
 
     n = 6
     work = (100, 1, 1, 1, 1, 100)  # by work alone, (1..4) merges first, across the boundary at 3

@@ -11,7 +11,7 @@ from torch import nn
 
 import remat
 from remat.solvers.base import SAVE_COMPUTE, Region
-from remat.solvers.model import ChainModel
+from remat.chain import ChainModel
 from remat.testing import ALL_OPS, INPLACE_OPS, FuzzNet, assert_same_step, random_spec
 from remat.testing.patterns import CellChain
 from remat.testing.plans import keeping_everywhere

@@ -8,9 +8,10 @@ import torch
 
 import remat
 from remat.budget import parse_budget
+from remat.chain import ChainModel
 from remat.solvers.base import SAVE_COMPUTE, Plan, Region
 from remat.solvers.chen import greedy_regions
-from remat.solvers.model import ChainModel, evaluate
+from remat.solvers.model import evaluate
 from remat.solvers.rotor import rotor_regions, solve_rotor, solve_table
 from remat.zoo import ResidualMLP
 
@@ -49,7 +50,7 @@ def random_model(n: int, rng: random.Random) -> ChainModel:
     # stages whose kept outputs a later op overwrites (no selective region may hold them), drawn
     # from the model itself so the draws after this one (the limits) stay those of earlier seeds
     unsafe = random.Random(hash((model.fwd_flops, model.xbar)))
-    return replace(model, keep_safe=tuple(unsafe.random() < 0.8 for _ in range(n)))
+    return replace(model, keep_refused=tuple("" if unsafe.random() < 0.8 else "overwritten" for _ in range(n)))
 
 
 def all_structures(start, stop, forbid=None, safe=None, selective=True):

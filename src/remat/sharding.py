@@ -146,9 +146,9 @@ def shard_model(gm: fx.GraphModule, world_size: int, buffer_and_input_bytes: int
 
 def shard_chain(chain: Chain, shard: ShardModel) -> Chain:
     """The chain with each stage's parameter gradients reduced to what stays after reduce-scatter."""
-    stages = [dataclasses.replace(s, g=max(0, s.g - sum(shard.grad_saving.get(n, 0) for n in s.nodes)))
-              for s in chain.stages]
-    return dataclasses.replace(chain, stages=stages)
+    kept = tuple(max(0, g - sum(shard.grad_saving.get(n, 0) for n in s.nodes))
+                 for s, g in zip(chain.stages, chain.model.param_grad))
+    return dataclasses.replace(chain, model=dataclasses.replace(chain.model, param_grad=kept))
 
 
 def fully_shard(gm: torch.nn.Module, mesh=None, **kwargs) -> torch.nn.Module:

@@ -116,7 +116,7 @@ def _result(problem: Problem, solver: Solver, found: Candidate, budget_bytes: in
             bound_reason=problem.bound.reason if problem.bound else "",
             granularity=found.level.name,
             stage_modules=[list(pair) for pair in stage_modules(problem.gm, found.level.chain)],
-            keep_refused=[[i, st.keep_refused] for i, st in enumerate(found.level.chain.stages) if st.keep_refused],
+            keep_refused=[[i, why] for i, why in enumerate(found.level.exact.keep_refused) if why],
             recompute_seconds=recompute_time(model, found.regions),
             best_recompute_seconds=_best_seconds(problem, solver, found, budget_bytes, settings),
             step_seconds=sum(n.fwd_time + n.bwd_time for n in problem.profile.nodes),

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
-from ..chain import Chain, cut_depths, linearize
+from ..chain import Chain, ChainModel, cut_depths, linearize
 from ..codegen import NodeRegion
 from ..margin import Margin, margin_for
 from ..profiler.calibrate import Calibration
@@ -22,7 +22,6 @@ from ..profiler.model import ModelProfile
 from ..profiler.step import simulate_step
 from ..profiler.timing import machine
 from ..sharding import SHARDINGS, ShardModel, shard_chain, shard_model
-from ..solvers.model import ChainModel
 from ..profiled import trace_and_profile
 
 __all__ = ["Granularity", "Problem", "prepare", "coarsen", "MAX_STAGES"]
@@ -40,7 +39,11 @@ class Granularity:
     chain: Chain
     model: ChainModel  # what the solvers see: ``exact`` coarsened to at most MAX_STAGES stages
     groups: list[tuple[int, int]]  # model stage -> chain stages [a, b)
-    exact: ChainModel  # the chain's own stage model, built once: plans are evaluated on it
+
+    @property
+    def exact(self) -> ChainModel:
+        """The chain's own stage model, built once by linearize: plans are evaluated on it."""
+        return self.chain.model
 
 
 @dataclass
@@ -176,9 +179,8 @@ def prepare(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
         chain = linearize(gm, shared_inputs, split_blocks=split)
         if problem.shard is not None:
             chain = shard_chain(chain, problem.shard)
-        exact = ChainModel.from_chain(chain)
-        coarse, groups = coarsen(exact, max_stages, cut_depths(gm, chain))
-        problem.levels[name] = Granularity(name, chain, coarse, groups, exact)
+        coarse, groups = coarsen(chain.model, max_stages, cut_depths(gm, chain))
+        problem.levels[name] = Granularity(name, chain, coarse, groups)
     if len(problem.levels["fine"].chain) == len(problem.chain):
         del problem.levels["fine"]  # no block to split
     return problem

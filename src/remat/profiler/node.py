@@ -78,7 +78,7 @@ class NodeProfile:
     keep_refused: str = ""
     # nodes whose storage this node writes in place (BatchNorm -> relu_): no cut may separate them
     writes_into: frozenset[str] = field(default=frozenset(), repr=False)
-    # storage uids (StorageTracker), for stage-level accounting in chain.py
+    # storage uids (StorageTracker), for stage-level accounting in chain/stages.py
     in_uids: frozenset[int] = field(default=frozenset(), repr=False)
     out_uids: frozenset[int] = field(default=frozenset(), repr=False)  # new storages of the outputs
     value_uids: frozenset[int] = field(default=frozenset(), repr=False)  # every storage of the value

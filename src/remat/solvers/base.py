@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from ..chain import FULL, POLICIES, SAVE_COMPUTE, RegionPolicy
 from .info import PlanInfo
 
 __all__ = ["Region", "RegionPolicy", "Plan", "load_plan", "FULL", "SAVE_COMPUTE", "POLICIES", "DEFAULT_SLOTS"]
@@ -15,26 +15,6 @@ __all__ = ["Region", "RegionPolicy", "Plan", "load_plan", "FULL", "SAVE_COMPUTE"
 # 0.2 % of it per stored size; the table (L x L x 3 x 501 float32, padded) is ~100 MB at 128 stages,
 # the planner's coarsening limit.
 DEFAULT_SLOTS = 500
-
-
-class RegionPolicy(str, Enum):
-    """How a region is recomputed (values are what plans and JSON files carry).
-
-    - ``FULL``: everything inside it runs again in the backward.
-    - ``SAVE_COMPUTE``: the outputs of its matmul, convolution and attention ops are kept (torch's
-      selective checkpointing), so only the cheap ops between them run again (norms, activations,
-      dropout masks, views); never where a later op overwrites a kept output (``keep_refused``).
-    """
-
-    FULL = ""
-    SAVE_COMPUTE = "save-compute"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-FULL, SAVE_COMPUTE = RegionPolicy.FULL, RegionPolicy.SAVE_COMPUTE
-POLICIES = tuple(RegionPolicy)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 
 from .base import Region
-from .model import ChainModel, evaluate
+from ..chain import ChainModel
+from .model import evaluate
 
 __all__ = ["sqrtn_regions", "segments_to_regions", "greedy_candidates", "greedy_regions"]
 

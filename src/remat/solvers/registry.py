@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from .base import DEFAULT_SLOTS, Region
 
 if TYPE_CHECKING:  # the implementations import torch; the table itself must not (``remat --help``)
-    from .model import ChainModel
+    from ..chain import ChainModel
 
 __all__ = ["Solver", "SolveSettings", "SOLVERS", "DEFAULT_SLOTS", "get_solver", "budgeted_solvers"]
 

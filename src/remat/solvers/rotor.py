@@ -10,7 +10,7 @@ choices at each step:
   and solve s..k-1 again (a nested region whose own structure is that sub-solution, without
   selective regions: see solve_table);
 * checkpoint s..k-1 keeping its expensive ops' outputs (SAVE_COMPUTE, torch's selective
-  checkpointing): its forward also keeps those (``keep``), k..t is solved with them held, and its
+  checkpointing): its forward also keeps those (``keep_bytes``), k..t is solved with them held, and its
   recomputation runs s..k-1 with everything kept, at the cost of the cheap ops only.
 
 The table is filled by increasing chain length, vectorized over the start stage, the split point
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import torch
 
 from .base import DEFAULT_SLOTS, FULL, SAVE_COMPUTE, Region
-from .model import ChainModel, evaluate
+from ..chain import ChainModel
+from .model import evaluate
 
 __all__ = ["RotorTable", "solve_table", "rotor_regions", "solve_rotor"]
 
@@ -89,8 +90,8 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
         return torch.tensor(values, dtype=d64)
 
     t_fwd, x, y, xbar = col(model.fwd_time), col(model.x), col(model.y), col(model.xbar)
-    ftmp, btmp, g, fdis, skip = col(model.ftmp), col(model.btmp), col(model.g), col(model.fdis), col(model.skip)
-    keep, xfree = col(model.keep), col(model.xfree)
+    ftmp, btmp, g, fdis, skip = col(model.ftmp), col(model.btmp), col(model.param_grad), col(model.fdis), col(model.skip)
+    keep, xfree = col(model.keep_bytes), col(model.xfree)
     t_sel = col([model.recompute_seconds(i, SAVE_COMPUTE) for i in range(n)])
     unsafe = col([0.0 if ok else 1.0 for ok in model.keep_safe])  # stages no selective region may hold
     skip_from = torch.tensor(model.skip_from)

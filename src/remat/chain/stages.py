@@ -8,18 +8,18 @@ and a residual block is never split.  A cut is also refused when a later node wr
 a storage produced before the cut (BatchNorm followed by an in-place ReLU), because the
 checkpoint would then save a tensor that is modified afterwards.
 
-Each ``Stage`` carries the rotor cost model, taken from the node profiles (bytes and FLOPs):
-``x`` (its input), ``xbar`` (what it keeps when run with autograd: saved tensors and its output),
-``ftmp``/``btmp`` (peak temporaries of its forward and backward).
+Each ``Stage`` is a node range; the chain's ``model`` (costs.py) holds every stage's costs, taken
+from the node profiles once, here.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from torch import fx
 
-from .profiler.node import META_KEY, NodeProfile
+from ..profiler.node import META_KEY, NodeProfile
+from .costs import ChainModel
 
 __all__ = ["Stage", "Chain", "linearize", "MIN_STAGE_FLOPS", "cut_depths", "module_path", "stage_modules"]
 
@@ -31,40 +31,21 @@ MIN_STAGE_SECONDS = 1e-7  # the same for time: a tenth of a microsecond
 
 @dataclass(frozen=True)
 class Stage:
-    """A contiguous run of graph nodes [first, last] (indices into graph.nodes)."""
+    """A contiguous run of graph nodes [first, last] (indices into graph.nodes); its costs are row
+    ``index`` of the chain's ``model``."""
 
     index: int
     first: int
     last: int
     nodes: tuple[str, ...]
-    fwd_flops: int
-    bwd_flops: int
-    x: int  # bytes of the stage's input activation
-    xbar: int  # bytes it keeps with autograd on: saved tensors (input excluded), its output if saved later
-    ftmp: int  # peak of its forward with autograd on, beyond what it keeps (xbar)
-    btmp: int  # peak of its backward beyond its input gradient and parameter gradients
-    y: int  # bytes of its output activation (the next stage's x)
-    g: int = 0  # bytes of parameter gradients its backward stores
-    fdis: int = 0  # peak of its forward with nothing saved (inside a region), output included
-    skip: int = 0  # bytes of earlier values (a block's input) that also flow over its output cut
-    skip_from: int = -1  # the stage that produced them (-1: none)
-    fwd_time: float = 0.0  # predicted seconds of its forward (profiler/timing.py)
-    keep: int = 0  # bytes of its matmul/conv/attention outputs: kept by a region that saves those
-    keep_time: float = 0.0  # seconds of those ops: not recomputed when kept
-    # bytes of its input that nothing at or after it saves: freed during its forward, unless a
-    # checkpoint region starts here (the region holds its inputs until its backward)
-    xfree: int = 0
-    # why a region may not keep its matmul/conv/attention outputs ("": it may): a later op writes
-    # one of them in place (NodeProfile.keep_refused of its first such node)
-    keep_refused: str = ""
-    selective_time: float = 0.0  # seconds a region keeping its outputs adds (torch's selective checkpoint's mode)
 
 
 @dataclass
 class Chain:
-    """The linearized graph: stages in execution order, plus the nodes before and after them."""
+    """The linearized graph: stages in execution order, their costs, and every node's name."""
 
     stages: list[Stage]
+    model: ChainModel  # one row per stage
     node_names: list[str]  # every graph node, in order
     shared_inputs: tuple[str, ...] = ()
 
@@ -73,19 +54,21 @@ class Chain:
 
     @property
     def fwd_flops(self) -> int:
-        return sum(s.fwd_flops for s in self.stages)
+        return sum(self.model.fwd_flops)
 
     @property
     def bwd_flops(self) -> int:
-        return sum(s.bwd_flops for s in self.stages)
+        return sum(self.model.bwd_flops)
 
     def describe(self) -> str:
         lines = [f"{'stage':>5} {'nodes':>5}  {'first node':<28}{'last node':<28}{'fwd FLOPs':>12}{'x':>10}{'xbar':>10}"]
-        from .units import fmt_bytes, fmt_flops
+        from ..units import fmt_bytes, fmt_flops
 
+        m = self.model
         for s in self.stages:
-            lines.append(f"{s.index:>5} {len(s.nodes):>5}  {s.nodes[0][:27]:<28}{s.nodes[-1][:27]:<28}"
-                         f"{fmt_flops(s.fwd_flops):>12}{fmt_bytes(s.x):>10}{fmt_bytes(s.xbar):>10}")
+            i = s.index
+            lines.append(f"{i:>5} {len(s.nodes):>5}  {s.nodes[0][:27]:<28}{s.nodes[-1][:27]:<28}"
+                         f"{fmt_flops(m.fwd_flops[i]):>12}{fmt_bytes(m.x[i]):>10}{fmt_bytes(m.xbar[i]):>10}")
         return "\n".join(lines)
 
 
@@ -164,7 +147,7 @@ class Cut:
 def cuts(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, split_blocks: bool = False) -> list[Cut]:
     """Where stages may end.  With ``split_blocks``, also inside residual and dense blocks: cuts
     that skip connections cross, as long as the node's own value flows on; the solvers account for
-    the earlier values that cross with it (``Stage.skip``)."""
+    the earlier values that cross with it (``ChainModel.skip``)."""
     nodes = list(gm.graph.nodes)
     index = {node: i for i, node in enumerate(nodes)}
     dependent = _data_dependent(nodes, set(shared_inputs))
@@ -202,9 +185,9 @@ def _uids(nodes: list[fx.Node], crossing: Iterable[int]) -> frozenset[int]:
     return frozenset(u for j in crossing for u in _profile_of(nodes[j]).value_uids)
 
 
-def _stage(nodes: list[fx.Node], index: int, first: int, last: int, entry: frozenset[int],
+def _costs(nodes: list[fx.Node], first: int, last: int, entry: frozenset[int],
            exit_cut: tuple[int, ...], nbytes: dict[int, int], producer_stage: dict[int, int],
-           last_saved: dict[int, int]) -> Stage:
+           last_saved: dict[int, int]) -> dict[str, object]:
     """Costs of nodes[first..last]: ``entry`` holds the storage uids flowing in, ``exit_cut`` the
     node indices of the values flowing out, ``last_saved`` the last node that saves each storage."""
     profs = [_profile_of(n) for n in nodes[first:last + 1]]
@@ -244,9 +227,13 @@ def _stage(nodes: list[fx.Node], index: int, first: int, last: int, entry: froze
     seconds = max(MIN_STAGE_SECONDS, sum(p.fwd_time for p in profs))
     keep_time = min(seconds, sum(p.keep_time for p in profs))
     refused = next((f"{p.name}: {p.keep_refused}" for p in profs if p.keep_refused), "")
-    return Stage(index, first, last, tuple(n.name for n in nodes[first:last + 1]), fwd, bwd, x, xbar, ftmp, btmp,
-                 y, g, fdis, skip, skip_from, seconds, sum(p.keep_bytes for p in profs), keep_time, xfree, refused,
-                 sum(p.selective_time for p in profs))
+    return dict(fwd_flops=fwd, x=x, y=y, xbar=xbar, ftmp=ftmp, btmp=btmp, param_grad=g, fdis=fdis, skip=skip,
+                skip_from=skip_from, fwd_time=seconds, keep_bytes=sum(p.keep_bytes for p in profs), keep_time=keep_time,
+                xfree=xfree, selective_time=sum(p.selective_time for p in profs), keep_refused=refused, bwd_flops=bwd)
+
+
+def _model(rows: list[dict[str, object]]) -> ChainModel:
+    return ChainModel(**{f.name: tuple(r[f.name] for r in rows) for f in fields(ChainModel)})
 
 
 def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, split_blocks: bool = False) -> Chain:
@@ -258,7 +245,7 @@ def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, split_bl
     found = cuts(gm, shared_inputs, split_blocks=split_blocks)
     compute = [i for i, n in enumerate(nodes) if n.op not in ("placeholder", "get_attr", "output")]
     if not compute:
-        return Chain([], [n.name for n in nodes], tuple(shared_inputs))
+        return Chain([], _model([]), [n.name for n in nodes], tuple(shared_inputs))
     bounds: list[tuple[int, int, tuple[int, ...]]] = []
     start, last_compute = compute[0], compute[-1]
     for c in found:
@@ -269,6 +256,7 @@ def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, split_bl
             start = c.index + 1
     bounds.append((start, max(last_compute, start), (max(last_compute, start),)))
     stages: list[Stage] = []
+    rows: list[dict[str, object]] = []
     producer_stage: dict[int, int] = {}
     last_saved: dict[int, int] = {}
     for i, n in enumerate(nodes):
@@ -278,6 +266,7 @@ def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, split_bl
     for i, (first, last, crossing) in enumerate(bounds):
         for j in range(first, last + 1):
             producer_stage[j] = i
-        stages.append(_stage(nodes, i, first, last, entry, crossing, nbytes, producer_stage, last_saved))
+        stages.append(Stage(i, first, last, tuple(n.name for n in nodes[first:last + 1])))
+        rows.append(_costs(nodes, first, last, entry, crossing, nbytes, producer_stage, last_saved))
         entry = _uids(nodes, crossing)
-    return Chain(stages, [n.name for n in nodes], tuple(shared_inputs))
+    return Chain(stages, _model(rows), [n.name for n in nodes], tuple(shared_inputs))

@@ -1,0 +1,136 @@
+"""The one cost record of a chain: per stage, what it keeps, peaks at and costs to run again.
+
+Linearization (stages.py) writes it once from the node profiles; coarsening merges it; every
+solver and the simulator (solvers/model.py) read it.  The memory columns use rotor's notation
+(Beaumont et al., 2019), in bytes above the resident ones:
+
+* ``x``: the stage's input activation (its gradient has the same size); ``y``: its output;
+* ``xbar``: what the stage keeps when run with autograd on (saved tensors, and its output when a
+  later stage saves it);
+* ``ftmp``: the peak of its forward with autograd on, beyond ``xbar``; ``btmp``: the peak of its
+  backward beyond its input's gradient and its parameter gradients;
+* ``fdis``: the peak of its forward with nothing saved (inside a region), output included.
+
+The other columns keep the names the node profiles use (``fwd_time``, ``keep_bytes``, ...).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from enum import Enum
+
+__all__ = ["ChainModel", "RegionPolicy", "FULL", "SAVE_COMPUTE", "POLICIES"]
+
+
+class RegionPolicy(str, Enum):
+    """How a region is recomputed (values are what plans and JSON files carry).
+
+    - ``FULL``: everything inside it runs again in the backward.
+    - ``SAVE_COMPUTE``: the outputs of its matmul, convolution and attention ops are kept (torch's
+      selective checkpointing), so only the cheap ops between them run again (norms, activations,
+      dropout masks, views); never where a later op overwrites a kept output (``keep_refused``).
+    """
+
+    FULL = ""
+    SAVE_COMPUTE = "save-compute"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+FULL, SAVE_COMPUTE = RegionPolicy.FULL, RegionPolicy.SAVE_COMPUTE
+POLICIES = tuple(RegionPolicy)
+
+
+@dataclass(frozen=True)
+class ChainModel:
+    """Sizes, FLOPs and times per stage, one tuple per column (bytes, or slots once discretized)."""
+
+    fwd_flops: tuple[int, ...]  # forward FLOPs
+    x: tuple[int, ...]  # input bytes (gradient of the input has the same size)
+    y: tuple[int, ...]  # output bytes
+    xbar: tuple[int, ...]  # kept with autograd on (saved tensors and output)
+    ftmp: tuple[int, ...]  # forward peak with autograd on, beyond xbar
+    btmp: tuple[int, ...]  # backward peak beyond the input gradient and parameter gradients
+    param_grad: tuple[int, ...]  # bytes of parameter gradients its backward stores (to the step's end)
+    fdis: tuple[int, ...]  # forward peak with nothing saved, output included (above the input)
+    skip: tuple[int, ...] = ()  # bytes of a block's input also flowing over the stage's output cut
+    skip_from: tuple[int, ...] = ()  # the stage that produced it (-1: none)
+    fwd_time: tuple[float, ...] = ()  # forward seconds (defaults to the FLOPs: one FLOP, one unit)
+    keep_bytes: tuple[int, ...] = ()  # its matmul/conv/attention outputs: what a SAVE_COMPUTE region keeps of it
+    keep_time: tuple[float, ...] = ()  # seconds a SAVE_COMPUTE recomputation skips
+    xfree: tuple[int, ...] = ()  # input bytes nothing saves: held by a region starting at the stage
+    selective_time: tuple[float, ...] = ()  # seconds a SAVE_COMPUTE region adds to the stage (its dispatch mode)
+    # why no SAVE_COMPUTE region may contain the stage ("": one may): a later op writes in place
+    # into an output it would keep (NodeProfile.keep_refused of its first such node)
+    keep_refused: tuple[str, ...] = ()
+    bwd_flops: tuple[int, ...] = ()  # backward FLOPs (reported; the solvers minimize forward time)
+
+    def __post_init__(self) -> None:
+        n = len(self.fwd_flops)
+        defaults = {"skip": (0,) * n, "skip_from": (-1,) * n, "fwd_time": tuple(float(v) for v in self.fwd_flops),
+                    "keep_bytes": (0,) * n, "keep_time": (0.0,) * n, "xfree": (0,) * n, "selective_time": (0.0,) * n, "keep_refused": ("",) * n,
+                    "bwd_flops": (0,) * n}
+        for name, value in defaults.items():
+            if not getattr(self, name):
+                object.__setattr__(self, name, value)
+
+    @property
+    def keep_safe(self) -> tuple[bool, ...]:
+        """Per stage, whether a SAVE_COMPUTE region may contain it."""
+        return tuple(not why for why in self.keep_refused)
+
+    def __len__(self) -> int:
+        return len(self.fwd_flops)
+
+    def merged(self, groups: Sequence[tuple[int, int]]) -> "ChainModel":
+        """The model with each group of stages [a, b) run as one stage.
+
+        A merged stage keeps what its parts keep.  Its forward and backward peaks are those of its
+        parts run in sequence under this simulator (exact for a stage kept whole; the backward's may
+        be negative: not all of its input and parameter gradients are alive at that peak); run inside
+        a region, it peaks at the worst part above the parts before it (their output, a skip value
+        they may hold, their keeps: a bound).  Its skip values are those over its last cut.  Bounds
+        by sums and maxima instead cost GPT-2 6x512 at seq 256 50 MiB of its floor (591 vs 541 MiB
+        modeled for one region per layer, 128 merged of 297 stages).
+        """
+        where = {i: g for g, (a, b) in enumerate(groups) for i in range(a, b)}
+
+        def merge(a: int, b: int) -> dict[str, int | float]:
+            kept = forward_peak = 0
+            for i in range(a, b):  # forward with everything kept
+                forward_peak = max(forward_peak, kept + self.ftmp[i] + self.xbar[i])
+                kept += self.xbar[i]
+            held = backward_peak = 0
+            for i in reversed(range(a, b)):  # backward from its parts' xbar and its output's gradient
+                backward_peak = max(backward_peak, held + self.btmp[i] + self.x[i] + self.param_grad[i])
+                held += self.x[i] + self.param_grad[i] - self.xbar[i] - self.delta(i)
+            param_grad = sum(self.param_grad[a:b])
+            fdis = max([self.fdis[a]] + [self.y[i - 1] + self.skip[i - 1] + sum(self.keep_bytes[a:i]) + self.fdis[i]
+                                         for i in range(a + 1, b)])
+            return dict(
+                fwd_flops=sum(self.fwd_flops[a:b]), x=self.x[a], y=self.y[b - 1], xbar=kept, ftmp=max(0, forward_peak - kept),
+                btmp=backward_peak - self.x[a] - param_grad, param_grad=param_grad, fdis=fdis, skip=self.skip[b - 1],
+                # skip producers are indices of this model: map them to merged stages
+                skip_from=where.get(self.skip_from[b - 1], -1) if self.skip_from[b - 1] >= 0 else -1,
+                fwd_time=sum(self.fwd_time[a:b]), keep_bytes=sum(self.keep_bytes[a:b]), keep_time=sum(self.keep_time[a:b]), xfree=self.xfree[a],
+                selective_time=sum(self.selective_time[a:b]),
+                keep_refused=next((r for r in self.keep_refused[a:b] if r), ""), bwd_flops=sum(self.bwd_flops[a:b]))
+
+        rows = [merge(a, b) for a, b in groups]
+        return ChainModel(**{f.name: tuple(r[f.name] for r in rows) for f in fields(self)})
+
+    def delta(self, i: int) -> int:
+        """Bytes of the gradient over stage i's output cut (the loss gradient is an expanded scalar)."""
+        return 0 if i == len(self) - 1 else self.y[i] + self.skip[i]
+
+    def out(self, start: int, i: int) -> int:
+        """Bytes a region starting at ``start`` holds after stage i: its output, and the skip
+        value flowing over the same cut if the region produced it."""
+        return self.y[i] + (self.skip[i] if self.skip_from[i] >= start else 0)
+
+    def recompute_seconds(self, i: int, policy: str) -> float:
+        """What recomputing stage i costs in a region with ``policy``."""
+        if policy == FULL:
+            return self.fwd_time[i]
+        return max(0.0, self.fwd_time[i] - self.keep_time[i]) + self.selective_time[i]
