@@ -250,3 +250,46 @@ def test_profiling_needs_no_planner():
     done = subprocess.run([sys.executable, "-c", code], env=remat_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_planning_enters_the_search_and_the_stage_model_once_each():
+    """docs/design.md's layering, measured: while plan_problem runs (a budget, "min", an
+    infeasible budget, a fixed solver), the code that holds the problem (the planner package, and
+    what calls it) enters planner/search.py and solvers/model.py from one place each (verified_plan,
+    evaluate), not from several places that each rebuild what the last one had.  The solvers are
+    not counted: they see a coarse stage model, never the problem."""
+    import os
+
+    import torch
+
+    import remat
+    from remat.budget import parse_budget
+    from remat.planner import plan_problem, prepare
+    from remat.zoo import ResidualMLP
+
+    torch.manual_seed(0)
+    problem = prepare(ResidualMLP(width=32, depth=3, classes=1), (torch.randn(16, 64, 32),))
+    watched = (str(Path("planner", "search.py")), str(Path("solvers", "model.py")))
+    entries: dict[str, set[tuple[str, str]]] = {w: set() for w in watched}
+
+    def hook(frame, event, arg):
+        if event != "call" or frame.f_back is None:
+            return
+        callee, caller = frame.f_code.co_filename, frame.f_back.f_code.co_filename
+        for w in watched:
+            if callee.endswith(w) and not caller.endswith(w) and os.sep + "solvers" + os.sep not in caller:
+                entries[w].add((f"{caller}:{frame.f_back.f_code.co_name}", frame.f_code.co_name))
+
+    sys.setprofile(hook)
+    try:
+        for solver, budget in (("rotor", "0.6"), ("rotor", "min"), ("rotor", "0.02"), ("chen-greedy", "0.6"),
+                               ("chen-sqrtn", None)):
+            try:
+                plan_problem(problem, solver, parse_budget(budget) if budget else None)
+            except remat.InfeasibleBudget:
+                assert budget == "0.02"
+    finally:
+        sys.setprofile(None)
+    for w, found in entries.items():
+        assert found, f"the walk never reached {w}: the measurement is broken"
+        assert len(found) <= 2, f"{w} is entered from {len(found)} places: {sorted(found)}"

@@ -14,13 +14,16 @@ from torch import fx
 
 from .. import progress
 from ..codegen import generate
+from ..budget import Budget
 from ..errors import KeptOutputOverwritten
 from ..solvers.base import SAVE_COMPUTE, Region
-from ..solvers.model import evaluate, recompute_time
-from ..solvers.registry import Solver, SolveSettings
+from ..solvers.model import Cost, evaluate
+from ..solvers.registry import Solver, SolveSettings, get_solver
+from .errors import fixed_plan_too_big, infeasible
 from .problem import Granularity, Problem
 
-__all__ = ["Candidate", "NoFit", "SelectiveReplay", "apply_regions", "smallest_budget", "solve_regions", "find_plan"]
+__all__ = ["Candidate", "Found", "NoFit", "SelectiveReplay", "apply_regions", "smallest_budget", "verified_plan",
+           "solve_regions", "find_plan"]
 
 # Attempts of solve -> generate -> verify at one budget; each tightens the limit by at least the
 # stage model's error on the failed plan, and in practice the second attempt passes.
@@ -41,6 +44,17 @@ class Candidate:
     module: fx.GraphModule
     peak: int  # predicted peak of one training step of ``module``
     attempts: int  # solve/verify rounds it took
+    cost: Cost  # the stage model's peak (above resident) and recomputation, on the exact chain
+
+
+@dataclass
+class Found:
+    """What ``verified_plan`` returns: the verified plan, the budget in bytes (None: no budget), and the
+    least recomputation any plan in remat's space has at that budget (None: none found)."""
+
+    candidate: Candidate
+    budget_bytes: int | None
+    best_recompute_seconds: float | None
 
 
 class NoFit(Exception):
@@ -99,8 +113,9 @@ def _settings_for(problem: Problem, settings: SolveSettings) -> SolveSettings:
 
 
 def solve_regions(problem: Problem, solver: Solver, limit: int,
-                  settings: SolveSettings = SolveSettings()) -> tuple[Granularity, tuple[Region, ...]] | None:
-    """The plan whose modeled peak (above resident) fits ``limit`` with the least recomputation.
+                  settings: SolveSettings = SolveSettings()) -> tuple[Granularity, tuple[Region, ...], Cost] | None:
+    """The plan whose modeled peak (above resident) fits ``limit`` with the least recomputation,
+    with its cost on the exact chain.
 
     Budgeted solvers solve both granularities and keep the better plan (the fine chain can also
     checkpoint inside a residual block); the fixed plans use the block chain.
@@ -109,7 +124,7 @@ def solve_regions(problem: Problem, solver: Solver, limit: int,
     levels = [problem.levels["blocks"]]
     if solver.budgeted and "fine" in problem.levels:
         levels.append(problem.levels["fine"])
-    best: tuple[float, Granularity, tuple[Region, ...]] | None = None
+    best: tuple[Granularity, tuple[Region, ...], Cost] | None = None
     for level in levels:
         # the 4x-slot retry near the floor only while no level has a plan (it costs 16x)
         tried = SolveSettings(settings.slots, settings.retry and best is None, settings.selective)
@@ -117,12 +132,12 @@ def solve_regions(problem: Problem, solver: Solver, limit: int,
         if regions is None:
             continue
         regions = _expand(regions, level.groups)
-        work = recompute_time(level.exact, regions)
+        cost = _cost(level, regions)
         # the finer chain only when it recomputes clearly less: near a tie, noise in measured op
         # times would make the choice (and the whole plan) differ from one cache to the next
-        if best is None or work < best[0] * (1 - LEVEL_TIE):
-            best = (work, level, regions)
-    return None if best is None else (best[1], best[2])
+        if best is None or cost.recompute < best[2].recompute * (1 - LEVEL_TIE):
+            best = (level, regions, cost)
+    return best
 
 
 def least_regions(problem: Problem, solver: Solver, level: Granularity,
@@ -135,9 +150,16 @@ def least_regions(problem: Problem, solver: Solver, level: Granularity,
     return problem.least_regions[key]
 
 
-def _modeled(problem: Problem, level: Granularity, regions: tuple[Region, ...]) -> int:
-    """The stage model's peak of ``regions`` on ``level``'s exact (uncoarsened) chain, resident included."""
-    return problem.resident + evaluate(level.exact, regions).peak
+def _cost(level: Granularity, regions: tuple[Region, ...]) -> Cost:
+    """The stage model's cost of ``regions`` on ``level``'s exact (uncoarsened) chain: the one
+    place the planner asks the stage model (solvers ask it on their coarse chains)."""
+    return evaluate(level.exact, regions)
+
+
+def _unchanged(problem: Problem) -> Candidate:
+    """The step as the model runs it (its own checkpoint calls kept): nothing recomputed by remat."""
+    blocks = problem.levels["blocks"]
+    return Candidate(blocks, (), problem.baseline, problem.unconstrained, 1, _cost(blocks, ()))
 
 
 def find_plan(problem: Problem, solver: Solver, budget_bytes: int | None,
@@ -146,11 +168,11 @@ def find_plan(problem: Problem, solver: Solver, budget_bytes: int | None,
 
     Raises NoFit when no plan passes within MAX_ATTEMPTS.
     """
-    limit = (budget_bytes - problem.resident) if budget_bytes is not None else evaluate(problem.model, ()).peak
-    blocks = problem.levels["blocks"]
+    # no budget: a fixed solver, which ignores the limit (search refuses a budgeted one)
+    limit = (budget_bytes - problem.resident) if budget_bytes is not None else 0
     # the step fits as it is: a budgeted solver has nothing to recompute
     if solver.budgeted and budget_bytes is not None and problem.unconstrained <= budget_bytes:
-        return Candidate(blocks, (), problem.baseline, problem.unconstrained, 1)
+        return _unchanged(problem)
     best: int | None = None
     margin = problem.margin
     for attempts in range(1, MAX_ATTEMPTS + 1):
@@ -158,7 +180,8 @@ def find_plan(problem: Problem, solver: Solver, budget_bytes: int | None,
             found = solve_regions(problem, solver, limit, settings)
         if found is None:
             raise NoFit(best)
-        level, regions = found
+        level, regions, cost = found
+        modeled = problem.resident + cost.peak
         gm = apply_regions(problem, regions, level.name)
         if not regions:
             peak = problem.unconstrained  # the model's own step
@@ -166,16 +189,15 @@ def find_plan(problem: Problem, solver: Solver, budget_bytes: int | None,
             with progress.step("verify"):
                 peak = _predict(problem, gm, regions)
         else:
-            peak = _modeled(problem, level, regions)
+            peak = modeled
         # the model's own step needs no margin: it is what the user runs without remat
         if budget_bytes is None or (margin.budget_for(peak) if regions else peak) <= budget_bytes:
-            return Candidate(level, regions, gm, peak, attempts)
+            return Candidate(level, regions, gm, peak, attempts, cost)
         best = peak if best is None else min(best, peak)
         if not solver.budgeted:
             break
         # tighten by the overshoot plus TIGHTEN, and at least by the stage model's error on this plan
         target = budget_bytes - margin.allowance(peak)
-        modeled = _modeled(problem, level, regions)
         limit = min(limit - (peak - target) - max(1, int(limit * TIGHTEN)),
                     target - problem.resident - max(0, peak - modeled))
     raise NoFit(best)
@@ -188,12 +210,13 @@ def _least_candidate(problem: Problem, solver: Solver, level: Granularity, setti
     if not regions:
         return None
     gm = apply_regions(problem, regions, level.name)
+    cost = _cost(level, regions)
     if verify:
         with progress.step("verify", "the least-memory plan"):
             peak = _predict(problem, gm, regions)
     else:
-        peak = _modeled(problem, level, regions)
-    return Candidate(level, regions, gm, peak, 1)
+        peak = problem.resident + cost.peak
+    return Candidate(level, regions, gm, peak, 1, cost)
 
 
 def smallest_budget(problem: Problem, solver: Solver, settings: SolveSettings = SolveSettings(),
@@ -209,7 +232,7 @@ def smallest_budget(problem: Problem, solver: Solver, settings: SolveSettings = 
     if solver.least is not None:
         for level in problem.levels.values():
             found = _least_candidate(problem, solver, level, settings, verify)
-            if found is not None and settings.selective and found.peak > _modeled(problem, level, found.regions):
+            if found is not None and settings.selective and found.peak > problem.resident + found.cost.peak:
                 # The stage model under-predicted a plan with selective regions (one nested in a
                 # plain region: Llama 8 x 512, 28 MiB): the same least memory without them may
                 # verify lower.  Only then is the second plan solved and verified.
@@ -219,5 +242,60 @@ def smallest_budget(problem: Problem, solver: Solver, settings: SolveSettings = 
             if found is not None and (best is None or found.peak < best.peak):
                 best = found
     if best is None or problem.margin.budget_for(best.peak) >= problem.unconstrained:
-        return problem.unconstrained, Candidate(problem.levels["blocks"], (), problem.baseline, problem.unconstrained, 1)
+        return problem.unconstrained, _unchanged(problem)
     return problem.margin.budget_for(best.peak), best
+
+
+def verified_plan(problem: Problem, solver: Solver, budget: Budget | None, settings: SolveSettings,
+           verify: bool = True) -> Found:
+    """The verified plan at the budget (``budget.minimum``: at the smallest budget that has one).
+
+    When nothing passes at the budget, the smallest budget that does is found (the least-memory
+    plan, verified once); it is reported in InfeasibleBudget, or, should that plan fit the budget
+    after all, it is returned.
+    """
+    if budget is not None and budget.minimum and not solver.budgeted:
+        raise ValueError(f"budget='min' needs a solver that plans under a budget, not {solver.name!r}")
+    least = smallest_budget(problem, solver, settings, verify) if budget is not None and budget.minimum else None
+    budget_bytes = least[0] if least else None if budget is None else budget.resolve(problem.fixed, problem.unconstrained)
+    if budget_bytes is None and solver.budgeted:
+        raise ValueError(f"solver {solver.name!r} needs a budget")
+    # First without rotor's 4x-slot retry near the floor (16x one table): when nothing fits, the
+    # floor (one table, one verification) says whether the budget is feasible at all, and only then
+    # is the finer table worth its time.
+    first = replace(settings, retry=False)
+    # Under the bound no checkpointing goes below (a true lower bound of every plan's peak) nothing
+    # is solved at the budget: the floor alone says how far it is (one table instead of two).
+    hopeless = (solver.budgeted and budget_bytes is not None and problem.bound is not None
+                and budget_bytes < problem.bound.bytes)
+    try:
+        if hopeless and not least:
+            raise NoFit(None)
+        found = least[1] if least else find_plan(problem, solver, budget_bytes, first, verify)
+    except NoFit as e:
+        if not solver.budgeted:
+            raise fixed_plan_too_big(problem, budget_bytes or 0, solver.name, e.best_peak) from None
+        need, found = smallest_budget(problem, solver, settings, verify)
+        if need > budget_bytes:
+            raise infeasible(problem, budget_bytes, solver.name, need) from None
+        if settings.retry:  # feasible: a finer table may find a plan recomputing less than the floor's
+            try:
+                found = find_plan(problem, solver, budget_bytes, settings, verify)
+            except NoFit:
+                pass
+    return Found(found, budget_bytes, _best_seconds(problem, solver, found, budget_bytes, settings))
+
+
+def _best_seconds(problem: Problem, solver: Solver, found: Candidate, budget_bytes: int | None,
+                  settings: SolveSettings) -> float | None:
+    """The least recomputation time any plan in remat's space has at the budget (the plan's peak
+    when there is none), by rotor's optimum on the stage model: the plan's own when an optimal
+    solver found it at the first attempt, else one more solve."""
+    if not found.regions:
+        return 0.0
+    if solver.optimal and found.attempts == 1:
+        return found.cost.recompute
+    budget = budget_bytes if budget_bytes is not None else problem.margin.budget_for(found.peak)
+    limit = budget - problem.resident  # as find_plan's first solve
+    best = solve_regions(problem, get_solver("rotor"), limit, replace(settings, retry=False))
+    return None if best is None else best[2].recompute

@@ -36,6 +36,7 @@ __all__ = ["Cost", "evaluate", "recompute_flops", "recompute_time"]
 class Cost:
     peak: int  # highest memory above the resident bytes
     recompute: float  # forward time run again in the backward (seconds, or FLOPs for a FLOP-timed model)
+    recompute_flops: int = 0  # forward FLOPs run again in the backward
 
 
 def recompute_flops(model: ChainModel, regions: Sequence[Region]) -> int:
@@ -126,9 +127,9 @@ class _Machine:
 
 
 def evaluate(model: ChainModel, regions: Sequence[Region]) -> Cost:
-    """Peak memory (above resident) and recomputation time of a plan under the model."""
+    """Peak memory (above resident), recomputation time and FLOPs of a plan under the model."""
     machine = _Machine(model)
     top = machine.items(0, len(model), regions)
     machine.forward(top)
     machine.backward(top)
-    return Cost(machine.peak, recompute_time(model, regions))
+    return Cost(machine.peak, recompute_time(model, regions), recompute_flops(model, regions))
