@@ -293,3 +293,40 @@ def test_planning_enters_the_search_and_the_stage_model_once_each():
     for w, found in entries.items():
         assert found, f"the walk never reached {w}: the measurement is broken"
         assert len(found) <= 2, f"{w} is entered from {len(found)} places: {sorted(found)}"
+
+
+def _map_rows() -> list[list[str]]:
+    """docs/design.md's module map: per row, the module paths it names ("profiler/model.py" for a
+    bare "model.py" on a row that starts in profiler/; "profiler/formulas_*.py" stays a pattern)."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    rows = []
+    for line in text.split("## Module map")[1].split("\n## ")[0].splitlines():
+        if not line.startswith("| `"):
+            continue
+        names = re.findall(r"`([^`]+)`", line.split("|")[1])
+        folder = names[0].rpartition("/")[0]
+        rows.append([n if "/" in n or not folder else f"{folder}/{n}" for n in names])
+    return rows
+
+
+def test_imports_point_down_the_module_map():
+    """The rule docs/design.md states: a module imports only modules on its row or above."""
+    from fnmatch import fnmatch
+
+    rows = _map_rows()
+    edges = _imports()
+
+    def row(module: str) -> int | None:
+        path = "/".join(module.split(".")[1:])
+        found = [i for i, names in enumerate(rows) for n in names
+                 if fnmatch(path + ".py", n) or (n.endswith("/") and (path + "/").startswith(n))]
+        if found:
+            return max(found) if path + ".py" not in sum(rows, []) else found[0]
+        inside = [row(m) for m in edges if m.startswith(module + ".")]  # a package that only re-exports
+        return max((i for i in inside if i is not None), default=None)
+
+    unplaced = sorted(m for m in edges if m != "remat" and row(m) is None)
+    assert not unplaced, f"the module map places no row for {unplaced}"
+    upward = sorted(f"{m} (row {row(m)}) imports {t} (row {row(t)})" for m, targets in edges.items() if m != "remat"
+                    for t in targets if not t.startswith(m + ".") and not m.startswith(t + ".") and row(t) > row(m))
+    assert not upward, upward
