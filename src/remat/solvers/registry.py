@@ -83,12 +83,10 @@ def _rotor_least(model: ChainModel, settings: SolveSettings) -> tuple[Region, ..
     """One table over the memory of the step without checkpointing; its first feasible column is
     the least memory, and the schedule rebuilt there the fastest plan within it."""
     from .model import evaluate
-    from .rotor import rotor_regions, solve_table
+    from .rotor import rotor_plan
 
     top = evaluate(model, ()).peak
-    table = solve_table(model, max(top, 1), settings.slots, settings.selective)
-    m = table.min_feasible_slot()
-    return () if m is None else rotor_regions(table, m) or ()
+    return rotor_plan(model, max(top, 1), settings.slots, settings.selective, least=True) or ()
 
 
 SOLVERS: dict[str, Solver] = {s.name: s for s in (

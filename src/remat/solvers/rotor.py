@@ -13,6 +13,12 @@ choices at each step:
   checkpointing): its forward also keeps those (``keep_bytes``), k..t is solved with them held, and its
   recomputation runs s..k-1 with everything kept, at the cost of the cheap ops only.
 
+A selective region inside a plain one holds its keeps from the outer forward on (model.py), which
+the recursion cannot charge: the plan space leaves such nestings out, and ``solve_table`` then
+fills a second, plain table for the recomputations (``nested=False``).  ``rotor_plan`` first solves
+one table that admits them (undercharged); its optimum is the restricted space's whenever it nests
+none, and only otherwise are the two tables filled.
+
 The table is filled by increasing chain length, vectorized over the start stage, the split point
 and the memory slots (torch tensors, CPU).  A separate pass rebuilds the nested regions.  Memory is
 discretized into slots with sizes rounded up (and credits rounded down), so every plan the table
@@ -29,7 +35,7 @@ from .base import DEFAULT_SLOTS, FULL, SAVE_COMPUTE, Region
 from ..chain import ChainModel
 from .model import evaluate
 
-__all__ = ["RotorTable", "solve_table", "rotor_regions", "solve_rotor"]
+__all__ = ["RotorTable", "solve_table", "rotor_regions", "rotor_plan", "solve_rotor"]
 
 INF = float("inf")
 
@@ -46,7 +52,9 @@ class RotorTable:
     credit: torch.Tensor  # (L, L): slots credited to the recomputation of s..k-1 (indexed [k, t])
     xfree_slots: torch.Tensor  # (L,): [s] a region's inputs nothing else saves, held until its backward
     model: ChainModel
-    what_plain: torch.Tensor  # like ``what``, without selective regions: a plain region's recomputation
+    # like ``what``, without selective regions: a plain region's recomputation (None: the table
+    # admits selective regions nested in plain ones, and ``what`` serves both)
+    what_plain: torch.Tensor | None
 
     def min_feasible_slot(self) -> int | None:
         row = self.cost[0, len(self.model) - 1]
@@ -77,9 +85,12 @@ def _keep_all_need(x_slots: torch.Tensor, fwd_keep: torch.Tensor, bwd_after: tor
     return need
 
 
-def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, selective: bool = True) -> RotorTable:
+def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, selective: bool = True,
+                nested: bool = False) -> RotorTable:
     """Fill the DP table for ``memory`` bytes (above resident) split into ``slots`` slots;
-    ``selective``: also consider regions that keep their expensive ops' outputs."""
+    ``selective``: also consider regions that keep their expensive ops' outputs; ``nested``: also
+    inside plain regions, charged as if they kept nothing before their own forward (a relaxation:
+    see rotor_plan)."""
     n = len(model)
     n_slots = slots
     slot = max(memory, 1) / n_slots
@@ -149,7 +160,8 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
     # its kept outputs during the outer forward too, holding them to the outer backward (model.py);
     # the recursion cannot see that, so such nestings are outside the plan space.
     padded, window, what = new_table()
-    padded_p, window_p, what_p = new_table() if selective else (padded, window, what)
+    two = selective and not nested
+    padded_p, window_p, what_p = new_table() if two else (padded, window, what)
     chosen_sel = torch.zeros((n, n, width), dtype=torch.bool)
 
     def store(table: torch.Tensor, s: torch.Tensor, t: torch.Tensor, value: torch.Tensor) -> None:
@@ -183,7 +195,7 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
             better = v2 < best
             return torch.where(better, v2, best), torch.where(better, (s[:, None] + 1 + arg2).to(torch.int32), 0)
 
-        if selective:
+        if two:
             value_p, choice_p = keep_or_checkpoint(window_p)
             store(padded_p, s, t, value_p)
             what_p[s, t] = choice_p
@@ -211,7 +223,8 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
         what[s, t] = choice
         chosen_sel[s, t] = sel
     cost = padded[:, :, mid]
-    return RotorTable(cost, what, chosen_sel, slot, x_slots, out_slots, sel_slots, credit, xfree_slots, model, what_p)
+    return RotorTable(cost, what, chosen_sel, slot, x_slots, out_slots, sel_slots, credit, xfree_slots, model,
+                      what_p if two else None)
 
 
 def rotor_regions(table: RotorTable, m: int | None = None) -> tuple[Region, ...] | None:
@@ -226,6 +239,7 @@ def rotor_regions(table: RotorTable, m: int | None = None) -> tuple[Region, ...]
 
     def build(s: int, t: int, m: int, plain: bool = False) -> list[Region]:
         out: list[Region] = []
+        plain = plain and table.what_plain is not None  # one table: its choices hold inside regions too
         while s < t:
             k = int((table.what_plain if plain else table.what)[s, t, m])
             if k == 0:
@@ -245,6 +259,31 @@ def rotor_regions(table: RotorTable, m: int | None = None) -> tuple[Region, ...]
     return tuple(build(0, n - 1, m))
 
 
+def _nests_selective(regions: tuple[Region, ...], inside: bool = False) -> bool:
+    return any((inside and r.policy != FULL) or _nests_selective(r.children, True) for r in regions)
+
+
+def rotor_plan(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, selective: bool = True,
+               least: bool = False) -> tuple[Region, ...] | None:
+    """The DP's optimum at ``memory`` bytes (``least``: at the least memory its table admits);
+    None when nothing fits.
+
+    The one-table solve admits selective regions inside plain ones, undercharged: it relaxes the
+    plan space, so its optimum is a lower bound, and when that plan nests none it is charged
+    exactly, fits, and is optimal in the plan space itself (the same holds for its least memory).
+    Otherwise the two tables are filled.  Most plans nest none: one table is ~2/3 of the time.
+    """
+    for nested in ((True, False) if selective else (False,)):
+        table = solve_table(model, memory, slots, selective, nested=nested)
+        m = table.min_feasible_slot() if least else None
+        if least and m is None:
+            return None
+        regions = rotor_regions(table, m)
+        if regions is None or not nested or not _nests_selective(regions):
+            return regions
+    raise AssertionError("unreachable: the two-table solve returns")
+
+
 def solve_rotor(model: ChainModel, limit: int, slots: int = DEFAULT_SLOTS, retry: bool = True,
                 selective: bool = True) -> tuple[Region, ...] | None:
     """The rotor plan for ``limit`` bytes: nothing when everything fits, else the DP's optimum.
@@ -257,7 +296,7 @@ def solve_rotor(model: ChainModel, limit: int, slots: int = DEFAULT_SLOTS, retry
         return ()
     if limit <= 0:
         return None
-    regions = rotor_regions(solve_table(model, limit, slots, selective))
+    regions = rotor_plan(model, limit, slots, selective)
     if regions is None and retry:
-        regions = rotor_regions(solve_table(model, limit, 4 * slots, selective))
+        regions = rotor_plan(model, limit, 4 * slots, selective)
     return regions
