@@ -27,7 +27,9 @@ from remat.zoo import build
 
 from common import md_table, write_result
 
-BLOCK = re.compile(r"^(.*\.\d+)(?:\.|$)")  # a module path's block: "transformer.h.3" of "transformer.h.3.attn"
+# a module path's block, its first numbered component: "transformer.h.3" of "transformer.h.3.attn",
+# "encoder.layers.encoder_layer_0" of its "mlp.0", "layer1.0" of its "downsample.0"
+BLOCK = re.compile(r"^(.*?[._]\d+)(?:\.|$)")
 
 
 def blocks_of(problem) -> dict[str, list[int]]:
@@ -45,19 +47,24 @@ SPECS = (("transformers:gpt2:layers=6,width=512,heads=8,seq=256", 4),
          ("transformers:llama:layers=8,width=512,heads=8,seq=512,vocab=8000", 2))
 
 
-def peer_rows(spec: str, batch: int) -> tuple[str, list[tuple]]:
-    """Each peer's schedule in remat's model beside rotor's plan at its predicted peak."""
-    work = build(spec, batch)
-    problem = prepare(work.model, work.inputs, work.kwargs, work.shared_inputs)
+def peer_schedules(problem) -> tuple[str, dict[str, tuple[Region, ...]]]:
+    """The peers' schedules as regions over one granularity's stages (its name first)."""
     level = "fine" if "fine" in problem.levels else "blocks"
-    model = problem.levels[level].exact
-    step = sum(n.fwd_time + n.bwd_time for n in problem.profile.nodes)
     blocks = sorted(blocks_of(problem).items(), key=lambda kv: min(kv[1]))
-    peers = {
+    return level, {
         "every block": tuple(Region(min(s), max(s) + 1) for _, s in blocks),
         "every other block": tuple(Region(min(s), max(s) + 1) for i, (_, s) in enumerate(blocks) if i % 2 == 0),
         "op-level SAC, every block": tuple(Region(min(s), max(s) + 1, (), SAVE_COMPUTE) for _, s in blocks),
     }
+
+
+def peer_rows(spec: str, batch: int) -> tuple[str, list[tuple]]:
+    """Each peer's schedule in remat's model beside rotor's plan at its predicted peak."""
+    work = build(spec, batch)
+    problem = prepare(work.model, work.inputs, work.kwargs, work.shared_inputs)
+    level, peers = peer_schedules(problem)
+    model = problem.levels[level].exact
+    step = sum(n.fwd_time + n.bwd_time for n in problem.profile.nodes)
     rows = []
     for name, regions in peers.items():
         peak = problem.predict(apply_regions(problem, regions, level))
@@ -73,7 +80,7 @@ def peer_rows(spec: str, batch: int) -> tuple[str, list[tuple]]:
                      f"+{recompute_time(model, regions) / step:.1%}", fmt_bytes(plan.predicted_peak_bytes),
                      f"+{plan.info.recompute_seconds / step:.1%}", f"{len(plan.regions)} ({kept} keeping)"))
         print(rows[-1], flush=True)
-    return f"{work.title}, batch {batch}: {len(blocks)} blocks by module path on the {level} chain", rows
+    return f"{work.title}, batch {batch}: {len(peers['every block'])} blocks by module path on the {level} chain", rows
 
 
 def main(argv=None) -> int:
