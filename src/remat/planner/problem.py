@@ -176,7 +176,8 @@ def prepare(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
         problem.shard = shard_model(gm, world_size, prof.buffer_bytes + prof.input_bytes)
         problem.sharded_peak = problem.predict(done.baseline)
     for name, split in (("blocks", False), ("fine", True)):
-        chain = linearize(gm, shared_inputs, split_blocks=split)
+        chain = linearize(gm, shared_inputs, split_blocks=split, loss_peak=prof.loss_peak_bytes,
+                          loss_grad=prof.loss_grad_bytes)
         if problem.shard is not None:
             chain = shard_chain(chain, problem.shard)
         coarse, groups = coarsen(chain.model, max_stages, cut_depths(gm, chain))

@@ -10,7 +10,7 @@ from typing import Any
 
 from torch import fx
 
-from ..step import BWD, FWD, run_step
+from ..step import BWD, FWD, LOSS, run_step
 from ..units import fmt_bytes, fmt_flops
 from .bound import Bound, OpBound, checkpointing_bound
 from .dispatch import ScratchSource, Simulation, Target
@@ -41,6 +41,12 @@ class ModelProfile:
     device: str = "cpu"  # the device the step was predicted for
     op_bound_bytes: int = 0  # the most one op reads, writes and allocates at once, above resident (bound.py)
     op_bound_op: str = ""  # that op, and its phase
+    # The loss (step.loss_of) between the forward and the backward: its peak above what the
+    # forward left allocated (a bf16 output's float32 copy), and the gradient of the output its
+    # backward materializes before the graph's own (the bf16 gradient of that copy; an expanded
+    # scalar, nothing, for a float32 output).  chain/stages.py charges both to the last stage.
+    loss_peak_bytes: int = 0
+    loss_grad_bytes: int = 0
 
     def __post_init__(self) -> None:
         self.inlined_peak_bytes = self.inlined_peak_bytes or self.peak_bytes
@@ -100,10 +106,16 @@ def profile_graph(gm: fx.GraphModule, args: tuple, kwargs: dict | None = None,
         profiler.env.clear()  # the Interpreter keeps the output node's value; the real step does not
         return out
 
+    loss_start = [0, 0]  # allocated when the loss began, and when its backward began
+
     def on_phase(name: str, loss: Any) -> None:
         profiler.flops.phase = name
-        if name == BWD and loss is not None:
-            ops.backward(loss)
+        if name == LOSS:
+            loss_start[0] = sim.tracker.mark()
+        if name == BWD:
+            loss_start[:] = [sim.tracker.window_peak - loss_start[0], sim.tracker.current]
+            if loss is not None:
+                ops.backward(loss)
 
     with sim.running(observer=observe):
         run_step(forward, on_phase)
@@ -111,6 +123,7 @@ def profile_graph(gm: fx.GraphModule, args: tuple, kwargs: dict | None = None,
         profiler.finish()
     grads = [t.grad for t in fake_params if t.grad is not None]
     nodes = [n.meta[META_KEY] for n in gm.graph.nodes]
+    first_backward = min((n for n in nodes if n.bwd_order >= 0), key=lambda n: n.bwd_order, default=None)
     held = sim.target.allocated  # the device allocator's count of each resident storage
     resident = storage_bytes([*fake_params, *fake_buffers, *sim.inputs], held) + sim.target.workspace
     return ModelProfile(
@@ -129,6 +142,8 @@ def profile_graph(gm: fx.GraphModule, args: tuple, kwargs: dict | None = None,
         device=sim.target.device.type,
         op_bound_bytes=ops.most,
         op_bound_op=ops.op,
+        loss_peak_bytes=max(0, loss_start[0]),
+        loss_grad_bytes=max(0, first_backward.bwd_mark - loss_start[1]) if first_backward else 0,
     )
 
 
