@@ -4,7 +4,9 @@ The solvers work on the stage model; the generated module is then simulated on f
 verified: its predicted peak plus the problem's margin (``remat/margin.py``, from measured errors)
 must fit the budget.  If not, the solver's limit is tightened by the overshoot and it solves again
 (``find_plan``).  ``smallest_budget`` is direct: the solver's least-memory plan on each
-granularity, verified once; its verified need is the floor.
+granularity, verified once; its verified need is the floor.  ``verified_plan`` is the planner's
+one entry: the plan at a budget (or the floor when nothing fits), with the best possible
+recomputation at that budget.
 """
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ from dataclasses import dataclass, replace
 from torch import fx
 
 from .. import progress
-from ..codegen import generate
 from ..budget import Budget
+from ..codegen import generate
 from ..errors import KeptOutputOverwritten
 from ..solvers.base import SAVE_COMPUTE, Region
 from ..solvers.model import Cost, evaluate
@@ -168,7 +170,7 @@ def find_plan(problem: Problem, solver: Solver, budget_bytes: int | None,
 
     Raises NoFit when no plan passes within MAX_ATTEMPTS.
     """
-    # no budget: a fixed solver, which ignores the limit (search refuses a budgeted one)
+    # no budget: a fixed solver, which ignores the limit (verified_plan refuses a budgeted one)
     limit = (budget_bytes - problem.resident) if budget_bytes is not None else 0
     # the step fits as it is: a budgeted solver has nothing to recompute
     if solver.budgeted and budget_bytes is not None and problem.unconstrained <= budget_bytes:
