@@ -69,8 +69,8 @@ class ChainModel:
     def __post_init__(self) -> None:
         n = len(self.fwd_flops)
         defaults = {"skip": (0,) * n, "skip_from": (-1,) * n, "fwd_time": tuple(float(v) for v in self.fwd_flops),
-                    "keep_bytes": (0,) * n, "keep_time": (0.0,) * n, "xfree": (0,) * n, "selective_time": (0.0,) * n, "keep_refused": ("",) * n,
-                    "bwd_flops": (0,) * n}
+                    "keep_bytes": (0,) * n, "keep_time": (0.0,) * n, "xfree": (0,) * n, "selective_time": (0.0,) * n,
+                    "keep_refused": ("",) * n, "bwd_flops": (0,) * n}
         for name, value in defaults.items():
             if not getattr(self, name):
                 object.__setattr__(self, name, value)
@@ -117,11 +117,16 @@ class ChainModel:
                 selective_time=sum(self.selective_time[a:b]),
                 keep_refused=next((r for r in self.keep_refused[a:b] if r), ""), bwd_flops=sum(self.bwd_flops[a:b]))
 
-        rows = [merge(a, b) for a, b in groups]
-        return ChainModel(**{f.name: tuple(r[f.name] for r in rows) for f in fields(self)})
+        return ChainModel.from_rows([merge(a, b) for a, b in groups])
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[dict[str, object]]) -> "ChainModel":
+        """The model of stages given row by row (a dict of every column's value per stage)."""
+        return cls(**{f.name: tuple(r[f.name] for r in rows) for f in fields(cls)})
 
     def delta(self, i: int) -> int:
-        """Bytes of the gradient over stage i's output cut (the loss gradient is an expanded scalar)."""
+        """Bytes of the gradient over stage i's output cut; none over the last (the gradient the
+        loss's backward materializes is in the last stage's btmp, chain/stages.py)."""
         return 0 if i == len(self) - 1 else self.y[i] + self.skip[i]
 
     def out(self, start: int, i: int) -> int:

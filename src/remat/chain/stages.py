@@ -14,7 +14,7 @@ from the node profiles once, here.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from torch import fx
 
@@ -232,10 +232,6 @@ def _costs(nodes: list[fx.Node], first: int, last: int, entry: frozenset[int],
                 xfree=xfree, selective_time=sum(p.selective_time for p in profs), keep_refused=refused, bwd_flops=bwd)
 
 
-def _model(rows: list[dict[str, object]]) -> ChainModel:
-    return ChainModel(**{f.name: tuple(r[f.name] for r in rows) for f in fields(ChainModel)})
-
-
 def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, split_blocks: bool = False,
               loss_peak: int = 0, loss_grad: int = 0) -> Chain:
     """Cut the profiled graph into a chain of stages (see the module docstring).
@@ -243,9 +239,8 @@ def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, split_bl
     ``loss_peak``/``loss_grad`` (ModelProfile's): the loss runs after the last stage's forward, with
     its output alive, and its backward before the last stage's; both are charged to the last stage
     (its forward peaks, kept or inside a region, and its backward, which starts with that gradient
-    allocated).  A
-    region holding the last stage is then charged the loss again in its recomputation, which does
-    not run it: a bound there.  bf16 Llama 4 x 512: the stage model missed the float32 copy of
+    allocated).  A region holding the last stage is then charged the loss again in its
+    recomputation, which does not run it: a bound there.  bf16 Llama 4 x 512: the stage model missed the float32 copy of
     the logits (125 MiB of a 408 MiB step) without it."""
     nodes = list(gm.graph.nodes)
     nbytes: dict[int, int] = {}
@@ -254,7 +249,7 @@ def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, split_bl
     found = cuts(gm, shared_inputs, split_blocks=split_blocks)
     compute = [i for i, n in enumerate(nodes) if n.op not in ("placeholder", "get_attr", "output")]
     if not compute:
-        return Chain([], _model([]), [n.name for n in nodes], tuple(shared_inputs))
+        return Chain([], ChainModel.from_rows([]), [n.name for n in nodes], tuple(shared_inputs))
     bounds: list[tuple[int, int, tuple[int, ...]]] = []
     start, last_compute = compute[0], compute[-1]
     for c in found:
@@ -282,4 +277,4 @@ def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, split_bl
     # the output is alive until the loss has read it (xbar leaves it out: nothing saves it)
     end.update(ftmp=max(end["ftmp"], end["y"] + loss_peak), fdis=max(end["fdis"], end["y"] + loss_peak),
                btmp=end["btmp"] + loss_grad)
-    return Chain(stages, _model(rows), [n.name for n in nodes], tuple(shared_inputs))
+    return Chain(stages, ChainModel.from_rows(rows), [n.name for n in nodes], tuple(shared_inputs))

@@ -249,7 +249,7 @@ def smallest_budget(problem: Problem, solver: Solver, settings: SolveSettings = 
 
 
 def verified_plan(problem: Problem, solver: Solver, budget: Budget | None, settings: SolveSettings,
-           verify: bool = True) -> Found:
+                  verify: bool = True) -> Found:
     """The verified plan at the budget (``budget.minimum``: at the smallest budget that has one).
 
     When nothing passes at the budget, the smallest budget that does is found (the least-memory

@@ -106,14 +106,15 @@ def profile_graph(gm: fx.GraphModule, args: tuple, kwargs: dict | None = None,
         profiler.env.clear()  # the Interpreter keeps the output node's value; the real step does not
         return out
 
-    loss_start = [0, 0]  # allocated when the loss began, and when its backward began
+    # allocated when the loss began and when its backward began; the loss's peak above the first
+    marks = {LOSS: 0, BWD: 0, "loss_peak": 0}
 
     def on_phase(name: str, loss: Any) -> None:
         profiler.flops.phase = name
         if name == LOSS:
-            loss_start[0] = sim.tracker.mark()
+            marks[LOSS] = sim.tracker.mark()
         if name == BWD:
-            loss_start[:] = [sim.tracker.window_peak - loss_start[0], sim.tracker.current]
+            marks.update({"loss_peak": sim.tracker.window_peak - marks[LOSS], BWD: sim.tracker.current})
             if loss is not None:
                 ops.backward(loss)
 
@@ -142,8 +143,8 @@ def profile_graph(gm: fx.GraphModule, args: tuple, kwargs: dict | None = None,
         device=sim.target.device.type,
         op_bound_bytes=ops.most,
         op_bound_op=ops.op,
-        loss_peak_bytes=max(0, loss_start[0]),
-        loss_grad_bytes=max(0, first_backward.bwd_mark - loss_start[1]) if first_backward else 0,
+        loss_peak_bytes=max(0, marks["loss_peak"]),
+        loss_grad_bytes=max(0, first_backward.bwd_mark - marks[BWD]) if first_backward else 0,
     )
 
 
