@@ -65,12 +65,22 @@ class ChainModel:
     # into an output it would keep (NodeProfile.keep_refused of its first such node)
     keep_refused: tuple[str, ...] = ()
     bwd_flops: tuple[int, ...] = ()  # backward FLOPs (reported; the solvers minimize forward time)
+    # torch's checkpoint stops a recomputation at the last tensor the region's forward saved (its
+    # early stop; profiler/node.py): per stage, whether it saves anything, and the forward time
+    # and FLOPs after its last save, which a recomputation ending in it does not run again
+    saves: tuple[bool, ...] = ()
+    tail_time: tuple[float, ...] = ()
+    tail_flops: tuple[int, ...] = ()
+    # False where an op writes a tensor it does not return (rrelu's noise): a region over the stage
+    # recomputes without early stop (codegen), so to its end
+    early_stop: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.fwd_flops)
         defaults = {"skip": (0,) * n, "skip_from": (-1,) * n, "fwd_time": tuple(float(v) for v in self.fwd_flops),
                     "keep_bytes": (0,) * n, "keep_time": (0.0,) * n, "xfree": (0,) * n, "selective_time": (0.0,) * n,
-                    "keep_refused": ("",) * n, "bwd_flops": (0,) * n}
+                    "keep_refused": ("",) * n, "bwd_flops": (0,) * n, "saves": (True,) * n,
+                    "tail_time": (0.0,) * n, "tail_flops": (0,) * n, "early_stop": (True,) * n}
         for name, value in defaults.items():
             if not getattr(self, name):
                 object.__setattr__(self, name, value)
@@ -108,7 +118,13 @@ class ChainModel:
             param_grad = sum(self.param_grad[a:b])
             fdis = max([self.fdis[a]] + [self.y[i - 1] + self.skip[i - 1] + sum(self.keep_bytes[a:i]) + self.fdis[i]
                                          for i in range(a + 1, b)])
+            tail_time, tail_flops = 0.0, 0  # after the last save of the group's last saving part
+            for i in reversed(range(a, b)):
+                tail_time, tail_flops = tail_time + self.tail_time[i], tail_flops + self.tail_flops[i]
+                if self.saves[i]:
+                    break
             return dict(
+                saves=any(self.saves[a:b]), tail_time=tail_time, tail_flops=tail_flops, early_stop=all(self.early_stop[a:b]),
                 fwd_flops=sum(self.fwd_flops[a:b]), x=self.x[a], y=self.y[b - 1], xbar=kept, ftmp=max(0, forward_peak - kept),
                 btmp=backward_peak - self.x[a] - param_grad, param_grad=param_grad, fdis=fdis, skip=self.skip[b - 1],
                 # skip producers are indices of this model: map them to merged stages
@@ -139,3 +155,11 @@ class ChainModel:
         if policy == FULL:
             return self.fwd_time[i]
         return max(0.0, self.fwd_time[i] - self.keep_time[i]) + self.selective_time[i]
+
+    def tail_seconds(self, i: int, policy: str) -> float:
+        """What a recomputation ending in stage i (nothing after it saving) does not run of it:
+        its ops after its last save (early stop), less the kept ops a SAVE_COMPUTE one skips anyway."""
+        if policy == FULL:
+            return self.tail_time[i]
+        whole = self.recompute_seconds(i, policy)
+        return whole if not self.saves[i] else min(whole, max(0.0, self.tail_time[i] - self.keep_time[i]))

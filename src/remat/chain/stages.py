@@ -227,9 +227,20 @@ def _costs(nodes: list[fx.Node], first: int, last: int, entry: frozenset[int],
     seconds = max(MIN_STAGE_SECONDS, sum(p.fwd_time for p in profs))
     keep_time = min(seconds, sum(p.keep_time for p in profs))
     refused = next((f"{p.name}: {p.keep_refused}" for p in profs if p.keep_refused), "")
+    # what follows the stage's last save, not rerun where the stage ends a region's recomputation
+    tail_time, tail_flops, saves = 0.0, 0, False
+    for p in reversed(profs):
+        tail_time, tail_flops = tail_time + p.tail_time, tail_flops + p.tail_flops
+        if p.saves:
+            saves = True
+            break
+    if not saves:
+        tail_time, tail_flops = seconds, fwd
     return dict(fwd_flops=fwd, x=x, y=y, xbar=xbar, ftmp=ftmp, btmp=btmp, param_grad=g, fdis=fdis, skip=skip,
                 skip_from=skip_from, fwd_time=seconds, keep_bytes=sum(p.keep_bytes for p in profs), keep_time=keep_time,
-                xfree=xfree, selective_time=sum(p.selective_time for p in profs), keep_refused=refused, bwd_flops=bwd)
+                xfree=xfree, selective_time=sum(p.selective_time for p in profs), keep_refused=refused, bwd_flops=bwd,
+                saves=saves, tail_time=min(seconds, tail_time), tail_flops=min(fwd, tail_flops),
+                early_stop=not any(p.writes_saved for p in profs))
 
 
 def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, split_blocks: bool = False,

@@ -65,6 +65,13 @@ class NodeProfile:
     # an op writes a tensor it does not return (rrelu's noise), which its backward may have saved
     # before the write: torch's checkpoint must not stop recomputing early at that save
     writes_saved: bool = False
+    # torch's checkpoint stops recomputing a region at the last tensor its forward saved (early
+    # stop): what the node's forward runs after its own last save is not run again when nothing
+    # later in the region saves.  An op saves its inputs before its kernel runs (a region ending
+    # in a matmul does not rerun it), its outputs after.  Parameters count: they are packed too.
+    saves: bool = False  # the node's forward saves some tensor for backward
+    tail_time: float = 0.0  # predicted seconds of its forward ops after its last save (all, if none)
+    tail_flops: int = 0  # ... and their FLOPs
     shape: tuple[int, ...] | None = None  # a placeholder's tensor shape (the planned input shape)
     dtype: str | None = None  # ... and its dtype ("torch.float32")
     fwd_time: float = 0.0  # predicted seconds of its forward ops (timing.py)
@@ -126,6 +133,7 @@ class NodeProfiler(fx.Interpreter):
         self.unattributed = {FWD: 0, LOSS: 0, BWD: 0}
         self.saved: dict[int, int] = {}  # uid -> bytes of every activation saved for backward
         self._pending_saved: list[torch.Tensor] = []
+        self._at_last_save: tuple[float, int] | None = None  # (fwd_time, fwd_flops) of the node then
         self._seen_grad_fns: set[int] = set()
         self._windows: dict[int, int] = {}
         self._bwd_calls = 0
@@ -196,6 +204,7 @@ class NodeProfiler(fx.Interpreter):
         in_uids = {u for u in (self.tracker.uid(t) for t in inputs) if u is not None}
         self.current, self.tracker.owner = prof, n.name
         self._pending_saved = []
+        self._at_last_save = None
         before = self.tracker.mark()
         try:
             with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack), \
@@ -228,12 +237,17 @@ class NodeProfiler(fx.Interpreter):
         for u in saved:
             self.saved[u] = self.tracker.nbytes[u]
         self._hook_backward(outs, prof)
+        prof.saves = self._at_last_save is not None
+        seconds, flops = self._at_last_save or (0.0, 0)
+        prof.tail_time, prof.tail_flops = max(0.0, prof.fwd_time - seconds), max(0, prof.fwd_flops - flops)
         self._pending_saved = []
         n.meta[META_KEY] = prof
         return out
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         self._pending_saved.append(t)
+        if self.current is not None:  # autograd packs an op's inputs before its kernel runs
+            self._at_last_save = (self.current.fwd_time, self.current.fwd_flops)
         return t
 
     @staticmethod

@@ -13,7 +13,11 @@ This is the execution model of nested non-reentrant ``torch.utils.checkpoint`` o
   end of the outer region's backward (torch's selective checkpoint caches them in the outer forward
   too); rotor's plan space leaves such nestings out, the simulator counts them for any plan;
 * the backward of a region first releases its output, re-runs the region's contents with autograd
-  (children regions again keep only their outputs), then runs their backward in reverse;
+  (children regions again keep only their outputs), then runs their backward in reverse; the
+  re-run stops at the last tensor the region's forward saved (torch's early stop): what follows the
+  last save of its last saving stage is not run, nor a child region it ends with (a child saves its
+  inputs when called, and runs its own recomputation later) -- the memory counted is the full
+  re-run's (a bound);
 * the backward of a stage needs ``xbar`` and the gradient of its output, produces the gradient of
   its input (``x`` bytes) and its parameter gradients (``param_grad``), which stay to the end of the step.
 
@@ -23,7 +27,7 @@ check the DP's optimum against an exhaustive search evaluated here.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..chain import FULL, ChainModel
@@ -39,23 +43,42 @@ class Cost:
     recompute_flops: int = 0  # forward FLOPs run again in the backward
 
 
-def recompute_flops(model: ChainModel, regions: Sequence[Region]) -> int:
-    """FLOPs run again: each stage once more per region that contains it (SAVE_COMPUTE regions
-    count their stages' FLOPs too: their cheap ops are recomputed, not their matmuls)."""
-    total = 0
-    for r in regions:
-        total += sum(model.fwd_flops[r.start:r.stop]) + recompute_flops(model, r.children)
+def _rerun(model: ChainModel, r: Region, whole: Callable[[int, str], float],
+           tail: Callable[[int, str], float]) -> float:
+    """What region r's recomputation runs of its own contents, ``whole(i, policy)`` a stage and
+    ``tail(i, policy)`` its part after its last save: everything up to the last item that saves
+    (a stage that saves, or a child region: it saves its inputs), that item's stage less its tail,
+    nothing after it -- unless the region recomputes without early stop (ChainModel.early_stop)."""
+    items: list[int | Region] = []
+    i = r.start
+    for child in r.children:
+        items += list(range(i, child.start)) + [child]
+        i = child.stop
+    items += list(range(i, r.stop))
+    early = all(model.early_stop[r.start:r.stop])
+    last = next((k for k in reversed(range(len(items)))
+                 if isinstance(items[k], Region) or model.saves[items[k]]), -1) if early else len(items)
+    total = 0.0
+    for k, item in enumerate(items[:last + 1]):
+        if isinstance(item, Region):  # its forward, run as a checkpoint: the child's stages once
+            total += 0.0 if k == last else sum(whole(j, FULL) for j in range(item.start, item.stop))
+        else:
+            total += whole(item, r.policy) - (tail(item, r.policy) if k == last else 0.0)
     return total
+
+
+def recompute_flops(model: ChainModel, regions: Sequence[Region]) -> int:
+    """FLOPs run again: each stage once more per region whose recomputation reaches it (SAVE_COMPUTE
+    regions count their stages' FLOPs too: their cheap ops are recomputed, not their matmuls)."""
+    return sum(round(_rerun(model, r, lambda i, _: model.fwd_flops[i], lambda i, _: model.tail_flops[i]))
+               + recompute_flops(model, r.children) for r in regions)
 
 
 def recompute_time(model: ChainModel, regions: Sequence[Region]) -> float:
-    """Seconds run again: each stage once more per region that contains it, minus what a
-    SAVE_COMPUTE region keeps."""
-    total = 0.0
-    for r in regions:
-        total += sum(model.recompute_seconds(i, r.policy) for i in range(r.start, r.stop))
-        total += recompute_time(model, r.children)
-    return total
+    """Seconds run again: each stage once more per region whose recomputation reaches it, minus
+    what a SAVE_COMPUTE region keeps."""
+    return sum(_rerun(model, r, model.recompute_seconds, model.tail_seconds) + recompute_time(model, r.children)
+               for r in regions)
 
 
 def _nested_keeps(m: ChainModel, region: Region) -> dict[int, int]:

@@ -112,6 +112,17 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
         return torch.cat([torch.zeros(1, dtype=d64), torch.cumsum(v, 0)])
 
     pf, pg, pk, ps = prefix(t_fwd), prefix(g), prefix(keep), prefix(t_sel)  # sums over s..k-1: p[k] - p[s]
+    # torch's early stop (model.py): a stage ending a region's recomputation runs only up to its
+    # last save.  Every table entry C[s, t] with t < n - 1 is the rest of some region's
+    # recomputation, so its last stage t (never inside a region of that recursion) is that
+    # region's last: the leaf C[t, t] is charged without its tail, and a selective region s..k-1
+    # its stage k-1's.  Exact where every stage saves; where a last stage saves nothing the stages
+    # before it are charged whole (a bound; the simulator counts them exactly).  No credit from
+    # the first stage that recomputes without early stop on (a region may hold it).
+    bad = [i for i, ok in enumerate(model.early_stop) if not ok]
+    credited = torch.arange(n) < min(bad + [n - 1])
+    leaf_credit = torch.where(credited, col(model.tail_time), 0.0)
+    sel_credit = torch.where(credited, col([model.tail_seconds(i, SAVE_COMPUTE) for i in range(n)]), 0.0)
     pu = prefix(unsafe)
 
     idx = torch.arange(n)
@@ -145,7 +156,7 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
     # enough memory), right of it n_slots+1 copies of C[s, t, n_slots] (more memory than the table holds
     # helps no further).  Every shifted read "C[k, t, m - c] for all m" is then one contiguous slice of a
     # row, taken through an unfold view without building per-element indices.
-    fc, pfc, psc = t_fwd.to(dc), pf.to(dc), ps.to(dc)
+    fc, pfc, psc, selc = t_fwd.to(dc), pf.to(dc), ps.to(dc), sel_credit.to(dc)
     width = n_slots + 1
     m = torch.arange(width)
     mid = slice(width, 2 * width)
@@ -170,7 +181,7 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
 
     ok = (fwd_keep[:, None] <= m) & (bwd_alone[:, None] <= m)
     for table in {id(padded): padded, id(padded_p): padded_p}.values():
-        store(table, idx, idx, torch.where(ok, fc[:, None], INF))
+        store(table, idx, idx, torch.where(ok, (t_fwd - leaf_credit).to(dc)[:, None], INF))
     out_start = (width - out_slots).clamp(0, 2 * width)  # slice start of C[., ., m - held[s, k-1]]
     sel_start = (width - sel_slots).clamp(0, 2 * width)
     x_start = (width - x_slots).clamp(0, 2 * width)
@@ -205,7 +216,7 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
             # option 3: the same, keeping the expensive ops' outputs; s..k-1 is then recomputed
             # with everything kept (it must fit once k..t is done), costing only the cheap ops
             sub3 = window[k, tt, sel_start[ss, k - 1]]
-            opt3 = sub3.add_(first_forward).add_((psc[k] - psc[s][:, None])[..., None])
+            opt3 = sub3.add_(first_forward).add_((psc[k] - psc[s][:, None] - selc[k - 1])[..., None])
             # infeasible below a threshold of m: the forward with its keeps (sel_disc > m), the
             # recomputation once k..t is done (need > min(m + credit - xfree, n_slots)); never for a
             # region over a stage whose kept output a later op overwrites (one compare per cell)
