@@ -15,11 +15,11 @@ The other columns keep the names the node profiles use (``fwd_time``, ``keep_byt
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from enum import Enum
 
-__all__ = ["ChainModel", "RegionPolicy", "FULL", "SAVE_COMPUTE", "POLICIES"]
+__all__ = ["ChainModel", "after_last_save", "RegionPolicy", "FULL", "SAVE_COMPUTE", "POLICIES"]
 
 
 class RegionPolicy(str, Enum):
@@ -40,6 +40,17 @@ class RegionPolicy(str, Enum):
 
 FULL, SAVE_COMPUTE = RegionPolicy.FULL, RegionPolicy.SAVE_COMPUTE
 POLICIES = tuple(RegionPolicy)
+
+
+def after_last_save(parts: Iterable[tuple[bool, float, int]]) -> tuple[bool, float, int]:
+    """(saves, tail seconds, tail FLOPs) of parts run in order, each given as the same triple: the
+    whole of the parts after the last one that saves, and that one's own tail (all, if none saves)."""
+    seconds, flops = 0.0, 0
+    for saves, part_seconds, part_flops in reversed(list(parts)):
+        seconds, flops = seconds + part_seconds, flops + part_flops
+        if saves:
+            return True, seconds, flops
+    return False, seconds, flops
 
 
 @dataclass(frozen=True)
@@ -118,13 +129,9 @@ class ChainModel:
             param_grad = sum(self.param_grad[a:b])
             fdis = max([self.fdis[a]] + [self.y[i - 1] + self.skip[i - 1] + sum(self.keep_bytes[a:i]) + self.fdis[i]
                                          for i in range(a + 1, b)])
-            tail_time, tail_flops = 0.0, 0  # after the last save of the group's last saving part
-            for i in reversed(range(a, b)):
-                tail_time, tail_flops = tail_time + self.tail_time[i], tail_flops + self.tail_flops[i]
-                if self.saves[i]:
-                    break
+            saves, tail_time, tail_flops = after_last_save(zip(self.saves[a:b], self.tail_time[a:b], self.tail_flops[a:b]))
             return dict(
-                saves=any(self.saves[a:b]), tail_time=tail_time, tail_flops=tail_flops, early_stop=all(self.early_stop[a:b]),
+                saves=saves, tail_time=tail_time, tail_flops=tail_flops, early_stop=all(self.early_stop[a:b]),
                 fwd_flops=sum(self.fwd_flops[a:b]), x=self.x[a], y=self.y[b - 1], xbar=kept, ftmp=max(0, forward_peak - kept),
                 btmp=backward_peak - self.x[a] - param_grad, param_grad=param_grad, fdis=fdis, skip=self.skip[b - 1],
                 # skip producers are indices of this model: map them to merged stages

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from torch import fx
 
 from ..profiler.node import META_KEY, NodeProfile
-from .costs import ChainModel
+from .costs import ChainModel, after_last_save
 
 __all__ = ["Stage", "Chain", "linearize", "MIN_STAGE_FLOPS", "cut_depths", "module_path", "stage_modules"]
 
@@ -228,13 +228,8 @@ def _costs(nodes: list[fx.Node], first: int, last: int, entry: frozenset[int],
     keep_time = min(seconds, sum(p.keep_time for p in profs))
     refused = next((f"{p.name}: {p.keep_refused}" for p in profs if p.keep_refused), "")
     # what follows the stage's last save, not rerun where the stage ends a region's recomputation
-    tail_time, tail_flops, saves = 0.0, 0, False
-    for p in reversed(profs):
-        tail_time, tail_flops = tail_time + p.tail_time, tail_flops + p.tail_flops
-        if p.saves:
-            saves = True
-            break
-    if not saves:
+    saves, tail_time, tail_flops = after_last_save((p.saves, p.tail_time, p.tail_flops) for p in profs)
+    if not saves:  # the whole stage, at least MIN_STAGE_SECONDS like its forward
         tail_time, tail_flops = seconds, fwd
     return dict(fwd_flops=fwd, x=x, y=y, xbar=xbar, ftmp=ftmp, btmp=btmp, param_grad=g, fdis=fdis, skip=skip,
                 skip_from=skip_from, fwd_time=seconds, keep_bytes=sum(p.keep_bytes for p in profs), keep_time=keep_time,
