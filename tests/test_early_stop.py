@@ -57,3 +57,30 @@ def test_predicted_recomputation_is_what_torch_runs_again(name, make, solver, bu
     assert gm.remat_plan.regions, "a plan without regions tests nothing"
     measured = count_flops(gm, inputs, kwargs).bwd - count_flops(model, inputs, kwargs).bwd
     assert gm.remat_plan.recompute_flops == pytest.approx(measured, rel=1e-6, abs=64)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_networks_recompute_what_the_plan_predicts(seed):
+    """The same on random DAG networks of every op family the fuzzer draws (in-place ops, random
+    ops, attention, convolutions; remat.testing.random_spec), with the chain cut everywhere it may
+    be and into sqrt(n) segments."""
+    import random
+    from unittest import mock
+
+    from remat.testing import FuzzNet, random_spec
+
+    model = FuzzNet(random_spec(random.Random(seed), 10)).train()
+    x = torch.randn(4, 8, 16, 16)
+    # against the step with the model's own checkpoint calls (the fuzzer's "ckpt" op) run inline,
+    # as a plan with regions runs them: their recomputation is not the plan's (a plan without
+    # regions keeps them: against the model as it is)
+    with mock.patch("torch.utils.checkpoint.checkpoint", lambda fn, *args, **_: fn(*args)):
+        inline = count_flops(model, (x,)).bwd
+    regions = 0
+    for solver in ("every-stage", "chen-sqrtn"):
+        gm = remat.checkpoint(model, (x,), solver=solver)
+        regions += len(gm.remat_plan.regions)
+        base = count_flops(model, (x,)).bwd if gm.remat_plan.info.user_checkpoints_kept else inline
+        measured = count_flops(gm, (x,)).bwd - base
+        assert gm.remat_plan.recompute_flops == pytest.approx(measured, rel=1e-6, abs=64), (seed, solver)
+    assert regions, "no plan with regions: nothing tested"

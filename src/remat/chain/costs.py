@@ -85,13 +85,17 @@ class ChainModel:
     # False where an op writes a tensor it does not return (rrelu's noise): a region over the stage
     # recomputes without early stop (codegen), so to its end
     early_stop: tuple[bool, ...] = ()
+    # whether the backward reads a tensor the stage saved: a region none of whose stages is read so
+    # (dead code, ops no gradient flows through) is never recomputed
+    unpacked: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.fwd_flops)
         defaults = {"skip": (0,) * n, "skip_from": (-1,) * n, "fwd_time": tuple(float(v) for v in self.fwd_flops),
                     "keep_bytes": (0,) * n, "keep_time": (0.0,) * n, "xfree": (0,) * n, "selective_time": (0.0,) * n,
                     "keep_refused": ("",) * n, "bwd_flops": (0,) * n, "saves": (True,) * n,
-                    "tail_time": (0.0,) * n, "tail_flops": (0,) * n, "early_stop": (True,) * n}
+                    "tail_time": (0.0,) * n, "tail_flops": (0,) * n, "early_stop": (True,) * n,
+                    "unpacked": (True,) * n}
         for name, value in defaults.items():
             if not getattr(self, name):
                 object.__setattr__(self, name, value)
@@ -132,6 +136,7 @@ class ChainModel:
             saves, tail_time, tail_flops = after_last_save(zip(self.saves[a:b], self.tail_time[a:b], self.tail_flops[a:b]))
             return dict(
                 saves=saves, tail_time=tail_time, tail_flops=tail_flops, early_stop=all(self.early_stop[a:b]),
+                unpacked=any(self.unpacked[a:b]),
                 fwd_flops=sum(self.fwd_flops[a:b]), x=self.x[a], y=self.y[b - 1], xbar=kept, ftmp=max(0, forward_peak - kept),
                 btmp=backward_peak - self.x[a] - param_grad, param_grad=param_grad, fdis=fdis, skip=self.skip[b - 1],
                 # skip producers are indices of this model: map them to merged stages

@@ -235,7 +235,7 @@ def _costs(nodes: list[fx.Node], first: int, last: int, entry: frozenset[int],
                 skip_from=skip_from, fwd_time=seconds, keep_bytes=sum(p.keep_bytes for p in profs), keep_time=keep_time,
                 xfree=xfree, selective_time=sum(p.selective_time for p in profs), keep_refused=refused, bwd_flops=bwd,
                 saves=saves, tail_time=min(seconds, tail_time), tail_flops=min(fwd, tail_flops),
-                early_stop=not any(p.writes_saved for p in profs))
+                early_stop=not any(p.writes_saved for p in profs), unpacked=any(p.unpacked for p in profs))
 
 
 def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, split_blocks: bool = False,

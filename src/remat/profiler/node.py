@@ -70,6 +70,9 @@ class NodeProfile:
     # later in the region saves.  An op saves its inputs before its kernel runs (a region ending
     # in a matmul does not rerun it), its outputs after.  Parameters count: they are packed too.
     saves: bool = False  # the node's forward saves some tensor for backward
+    # the backward reads a tensor the node saved (not so for dead code, or for ops no gradient
+    # flows through): torch recomputes a region only when its backward reads such a tensor
+    unpacked: bool = False
     tail_time: float = 0.0  # predicted seconds of its forward ops after its last save (all, if none)
     tail_flops: int = 0  # ... and their FLOPs
     shape: tuple[int, ...] | None = None  # a placeholder's tensor shape (the planned input shape)
@@ -244,14 +247,17 @@ class NodeProfiler(fx.Interpreter):
         n.meta[META_KEY] = prof
         return out
 
-    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+    def _pack(self, t: torch.Tensor) -> tuple[NodeProfile | None, torch.Tensor]:
         self._pending_saved.append(t)
         if self.current is not None:  # autograd packs an op's inputs before its kernel runs
             self._at_last_save = (self.current.fwd_time, self.current.fwd_flops)
-        return t
+        return self.current, t
 
     @staticmethod
-    def _unpack(t: torch.Tensor) -> torch.Tensor:
+    def _unpack(packed: tuple[NodeProfile | None, torch.Tensor]) -> torch.Tensor:
+        prof, t = packed
+        if prof is not None:
+            prof.unpacked = True
         return t
 
     # --- backward attribution ------------------------------------------------------------------

@@ -17,7 +17,8 @@ This is the execution model of nested non-reentrant ``torch.utils.checkpoint`` o
   re-run stops at the last tensor the region's forward saved (torch's early stop): what follows the
   last save of its last saving stage is not run, nor a child region it ends with (a child saves its
   inputs when called, and runs its own recomputation later) -- the memory counted is the full
-  re-run's (a bound);
+  re-run's (a bound); a region whose saved tensors the backward never reads (dead code, no
+  gradient through it) is not re-run at all (the DP charges it, a bound);
 * the backward of a stage needs ``xbar`` and the gradient of its output, produces the gradient of
   its input (``x`` bytes) and its parameter gradients (``param_grad``), which stay to the end of the step.
 
@@ -48,7 +49,10 @@ def _rerun(model: ChainModel, r: Region, whole: Callable[[int, str], float],
     """What region r's recomputation runs of its own contents, ``whole(i, policy)`` a stage and
     ``tail(i, policy)`` its part after its last save: everything up to the last item that saves
     (a stage that saves, or a child region: it saves its inputs), that item's stage less its tail,
-    nothing after it -- unless the region recomputes without early stop (ChainModel.early_stop)."""
+    nothing after it -- unless the region recomputes without early stop (ChainModel.early_stop);
+    nothing at all where the backward reads nothing its stages saved (ChainModel.unpacked)."""
+    if not any(model.unpacked[r.start:r.stop]):
+        return 0.0
     items: list[int | Region] = []
     i = r.start
     for child in r.children:
