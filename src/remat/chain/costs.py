@@ -170,8 +170,10 @@ class ChainModel:
 
     def tail_seconds(self, i: int, policy: str) -> float:
         """What a recomputation ending in stage i (nothing after it saving) does not run of it:
-        its ops after its last save (early stop), less the kept ops a SAVE_COMPUTE one skips anyway."""
+        its ops after its last save (early stop), less the kept ops a SAVE_COMPUTE one skips anyway.
+        A SAVE_COMPUTE region's dispatch-mode time (``selective_time``) is never credited: it is paid
+        in the forward too, where every op runs (a region of such stages alone is not free)."""
         if policy == FULL:
             return self.tail_time[i]
-        whole = self.recompute_seconds(i, policy)
-        return whole if not self.saves[i] else min(whole, max(0.0, self.tail_time[i] - self.keep_time[i]))
+        ran = max(0.0, self.fwd_time[i] - self.keep_time[i])
+        return ran if not self.saves[i] else min(ran, max(0.0, self.tail_time[i] - self.keep_time[i]))
