@@ -55,7 +55,11 @@ def random_model(n: int, rng: random.Random) -> ChainModel:
     # end): none, all (a stage ending in a matmul, whose inputs autograd saves first) or some
     tails = random.Random(hash((model.fwd_flops, model.x)))
     tail = tuple(float(tails.choice([0, f[i], tails.randint(0, f[i])])) for i in range(n))
-    return replace(model, keep_refused=refused, tail_time=tail)
+    # the output no node saves (a region ending at the stage does not hold it): none, all or some
+    frees = random.Random(hash((model.fwd_flops, model.y)))
+    y_free = tuple(frees.choice([0, y[i], frees.randint(0, y[i])]) for i in range(n))
+    skip_free = tuple(frees.choice([0, skip[i], frees.randint(0, skip[i])]) for i in range(n))
+    return replace(model, keep_refused=refused, tail_time=tail, y_free=y_free, skip_free=skip_free)
 
 
 def all_structures(start, stop, forbid=None, safe=None, selective=True):

@@ -204,6 +204,14 @@ def _costs(nodes: list[fx.Node], first: int, last: int, entry: frozenset[int],
     # values flowing in that no node ever saves: a region starting here is what keeps them alive
     xfree = sum(nbytes[u] for u in entry if u >= 0 and u not in last_saved)
     skip_uids = {u for u in _uids(nodes, skips) if u >= 0} - output
+    # values flowing out that no node ever saves: a region ending here does not hold them (an add
+    # reads them and they go); the next stage's forward counts them (its unkept_input), a region
+    # starting there holds them (its xfree: the same values, so nothing is counted twice).  Values
+    # saved only inside the region are not held either, but a region starting next would hold
+    # them with nothing in its xfree saying so: left held (resnet50's block inputs; dropping them
+    # and widening xfree to match cost more plans than it won, the double count in between)
+    y_free = sum(nbytes[u] for u in output if u not in last_saved and u not in entry)
+    skip_free = sum(nbytes[u] for u in skip_uids if u not in last_saved)
     x = sum(nbytes[u] for u in entry if u >= 0)
     y = sum(nbytes[u] for u in output)
     skip = sum(nbytes[u] for u in skip_uids)
@@ -231,7 +239,7 @@ def _costs(nodes: list[fx.Node], first: int, last: int, entry: frozenset[int],
     saves, tail_time, tail_flops = after_last_save((p.saves, p.tail_time, p.tail_flops) for p in profs)
     if not saves:  # the whole stage, at least MIN_STAGE_SECONDS like its forward
         tail_time, tail_flops = seconds, fwd
-    return dict(fwd_flops=fwd, x=x, y=y, xbar=xbar, ftmp=ftmp, btmp=btmp, param_grad=g, fdis=fdis, skip=skip,
+    return dict(fwd_flops=fwd, x=x, y=y, y_free=y_free, skip_free=skip_free, xbar=xbar, ftmp=ftmp, btmp=btmp, param_grad=g, fdis=fdis, skip=skip,
                 skip_from=skip_from, fwd_time=seconds, keep_bytes=sum(p.keep_bytes for p in profs), keep_time=keep_time,
                 xfree=xfree, selective_time=sum(p.selective_time for p in profs), keep_refused=refused, bwd_flops=bwd,
                 saves=saves, tail_time=min(seconds, tail_time), tail_flops=min(fwd, tail_flops),

@@ -147,8 +147,10 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
     # memory credited to the recomputation of s..k-1 once k..t is done (indexed [k, t])
     credit = _floor(delta[None, :] - x[:, None] - (pg[1:][None, :] - pg[:-1][:, None]), slot)
     x_slots = _ceil(xbar, slot)
-    out_slots = _ceil(held + xfree[:, None], slot)
-    sel_slots = _ceil(held + kept + xfree[:, None], slot)
+    # once its forward is done a region holds its output less what no node saves (model.py)
+    done = held - col(model.y_free)[None, :] - torch.where(skip_from[None, :] >= s_idx, col(model.skip_free)[None, :], 0.0)
+    out_slots = _ceil(done + xfree[:, None], slot)
+    sel_slots = _ceil(done + kept + xfree[:, None], slot)
     xfree_slots = _ceil(xfree, slot)
     need = _keep_all_need(x_slots, fwd_keep, bwd_after, bwd_alone)  # [s, k-1]: recomputing s..k-1 kept
 
