@@ -239,7 +239,8 @@ def _costs(nodes: list[fx.Node], first: int, last: int, entry: frozenset[int],
     saves, tail_time, tail_flops = after_last_save((p.saves, p.tail_time, p.tail_flops) for p in profs)
     if not saves:  # the whole stage, at least MIN_STAGE_SECONDS like its forward
         tail_time, tail_flops = seconds, fwd
-    return dict(fwd_flops=fwd, x=x, y=y, y_free=y_free, skip_free=skip_free, xbar=xbar, ftmp=ftmp, btmp=btmp, param_grad=g, fdis=fdis, skip=skip,
+    return dict(fwd_flops=fwd, x=x, y=y, y_free=y_free, skip_free=skip_free, xbar=xbar, ftmp=ftmp, btmp=btmp,
+                param_grad=g, fdis=fdis, skip=skip,
                 skip_from=skip_from, fwd_time=seconds, keep_bytes=sum(p.keep_bytes for p in profs), keep_time=keep_time,
                 xfree=xfree, selective_time=sum(p.selective_time for p in profs), keep_refused=refused, bwd_flops=bwd,
                 saves=saves, tail_time=min(seconds, tail_time), tail_flops=min(fwd, tail_flops),

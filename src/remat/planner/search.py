@@ -4,10 +4,10 @@ The solvers work on the stage model; the generated module is then simulated on f
 verified: its predicted peak plus the problem's margin (``remat/margin.py``, from measured errors)
 must fit the budget.  If not, the solver's limit is tightened by the overshoot and it solves again
 (``find_plan``); where a plan fits with the stage model over-predicting it, the limit is raised
-instead, a few rounds, while the verified plan still fits (``_loosen``).  ``smallest_budget`` is direct: the solver's least-memory plan on each
-granularity, verified once; its verified need is the floor.  ``verified_plan`` is the planner's
-one entry: the plan at a budget (or the floor when nothing fits), with the best possible
-recomputation at that budget.
+instead, a few rounds, while the verified plan still fits (``_loosen``).  ``smallest_budget`` is
+direct: the solver's least-memory plan on each granularity, verified once; its verified need is
+the floor.  ``verified_plan`` is the planner's one entry: the plan at a budget (or the floor when
+nothing fits), with the best possible recomputation at that budget.
 """
 from __future__ import annotations
 

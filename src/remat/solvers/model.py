@@ -5,8 +5,8 @@ This is the execution model of nested non-reentrant ``torch.utils.checkpoint`` o
 
 * forward of a stage outside any region keeps ``xbar`` (its saved tensors and output);
 * a region's forward keeps only its output, less what no later node saves (``y_free``,
-  ``skip_free``: read by what follows and gone): inside, each stage holds its input and peaks at ``fdis`` above it while it runs,
-  and intermediate outputs are freed at once;
+  ``skip_free``: read by what follows and gone): inside, each stage holds its input and peaks at
+  ``fdis`` above it while it runs, and intermediate outputs are freed at once;
 * a region that keeps its expensive ops' outputs (policy SAVE_COMPUTE, torch's selective
   checkpointing) also keeps each stage's ``keep_bytes`` through the forward; its recomputation runs
   every stage kept (no regions inside), reusing those outputs, and costs only ``fwd_time - keep_time``;
@@ -131,7 +131,7 @@ class _Machine:
                     self._touch(keep + m.fdis[i])
                     self.cur += m.out(item.start, i) - held + keep
                     held = m.out(item.start, i)
-                self.cur -= m.out(item.start, item.stop - 1) - m.kept(item.start, item.stop - 1)  # read, not saved
+                self.cur -= held - m.kept(item.start, item.stop - 1)  # read by what follows, never saved
             else:
                 self._touch(m.ftmp[item] + m.xbar[item])
                 self.cur += m.xbar[item]

@@ -134,7 +134,8 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
     bwd_after = _ceil((xbar + delta + btmp + x + g)[:, None] + (pg[1:][None, :] - pg[1:][:, None]) - delta[None, :], slot)
     # held[s, i]: what a region starting at s holds after its stage i (output, and the skip value
     # over the same cut if the region produced it)
-    held = y[None, :] + torch.where(skip_from[None, :] >= s_idx, skip[None, :], 0.0)
+    produced = skip_from[None, :] >= s_idx  # [s, i]: the skip value over cut i was made in s..i
+    held = y[None, :] + torch.where(produced, skip[None, :], 0.0)
     # discard forward of s..k-1: peak over its stages of (what it holds before) + fdis
     before = torch.cat([torch.zeros((n, 1), dtype=d64), held[:, :-1]], dim=1)
     inside = t_idx >= s_idx
@@ -148,7 +149,7 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
     credit = _floor(delta[None, :] - x[:, None] - (pg[1:][None, :] - pg[:-1][:, None]), slot)
     x_slots = _ceil(xbar, slot)
     # once its forward is done a region holds its output less what no node saves (model.py)
-    done = held - col(model.y_free)[None, :] - torch.where(skip_from[None, :] >= s_idx, col(model.skip_free)[None, :], 0.0)
+    done = held - col(model.y_free)[None, :] - torch.where(produced, col(model.skip_free)[None, :], 0.0)
     out_slots = _ceil(done + xfree[:, None], slot)
     sel_slots = _ceil(done + kept + xfree[:, None], slot)
     xfree_slots = _ceil(xfree, slot)
