@@ -34,12 +34,17 @@ MAX_ATTEMPTS = 6
 # Each retry also tightens the limit by this share of it, so a plan the stage model misjudges is
 # not found again.
 TIGHTEN = 0.005
-# The share by which the fine chain's plan must recompute less than the block chain's to be chosen.
-LEVEL_TIE = 0.02
+# The share by which a plan must recompute less than another to replace it: the fine chain's
+# plan the block chain's, a looser limit's plan the one in hand.  Nearer than that, noise in
+# measured op times decides (the choice would differ from one op-time cache to the next), and a
+# looser plan would cost a verification for nothing measurable (a Llama-7B shape's three rounds
+# found plans 0.02% of the step apart, at 3.5 s of verification each).
+TIE = 0.02
 # Rounds that raise the solver's limit above the budget's when the plan found fits: the stage model
 # is conservative (a stage's inputs, gradients and temporaries are bounds), and the verified plan
 # may leave budget the model thought it used -- at every Llama layer's peak (8 x 512) by 12 MiB,
-# on resnet50's fine chain by 28 MiB.  Each round is one more solve and verification.
+# on resnet50's fine chain by 28 MiB.  Each round is one more solve, and one more verification
+# when its plan recomputes clearly less (TIE) than the best so far.
 LOOSEN_ROUNDS = 3
 # The first raise is at least this share of the limit (and the model's over-prediction, and the
 # budget left): below it the table's slots barely move.
@@ -147,7 +152,7 @@ def solve_regions(problem: Problem, solver: Solver, limit: int,
         cost = _cost(level, regions)
         # the finer chain only when it recomputes clearly less: near a tie, noise in measured op
         # times would make the choice (and the whole plan) differ from one cache to the next
-        if best is None or cost.recompute < best[2].recompute * (1 - LEVEL_TIE):
+        if best is None or cost.recompute < best[2].recompute * (1 - TIE):
             best = (level, regions, cost)
     return best
 
@@ -223,7 +228,9 @@ def _loosen(problem: Problem, solver: Solver, budget_bytes: int, limit: int, fou
     """``found`` (fits at ``limit``), or a plan recomputing less found at a higher limit that still
     verifies under the budget: the stage model over-predicts some plans (LOOSEN_ROUNDS).  The first
     raise is the model's over-prediction of ``found`` or the budget it leaves, whichever is more;
-    then doubled after a fit, halved towards the last fit after an overshoot."""
+    then doubled after a fit, halved towards the last fit after an overshoot.  A plan that does
+    not recompute clearly less than the best so far (TIE) is not verified, and counts as a fit:
+    the search goes on above it."""
     margin = problem.margin
     best = found
     spare = budget_bytes - margin.budget_for(found.peak)
@@ -233,7 +240,8 @@ def _loosen(problem: Problem, solver: Solver, budget_bytes: int, limit: int, fou
     for _ in range(LOOSEN_ROUNDS):
         with progress.step("solve", "a looser limit: the stage model over-predicted the plan"):
             got = solve_regions(problem, solver, limit + step, settings)
-        fits = got is None or got[2].recompute >= best.cost.recompute  # nothing better to verify
+        # nothing clearly better to verify
+        fits = got is None or got[2].recompute >= best.cost.recompute * (1 - TIE)
         if not fits:
             level, regions, cost = got
             gm = apply_regions(problem, regions, level.name)
