@@ -8,7 +8,8 @@ solver and the simulator (solvers/model.py) read it.  The memory columns use rot
   ``y_free``, ``skip_free``: the part of it, and of the skip value over the same cut, that no later
   node saves (a region ending at the stage does not hold them);
 * ``xbar``: what the stage keeps when run with autograd on (saved tensors, and its output when a
-  later stage saves it);
+  later stage saves it); ``ylate``: the part of it only the next stage saves, freed after that
+  stage's backward (the stage's own backward does not hold it);
 * ``ftmp``: the peak of its forward with autograd on, beyond ``xbar``; ``btmp``: the peak of its
   backward beyond its input's gradient and its parameter gradients;
 * ``fdis``: the peak of its forward with nothing saved (inside a region), output included.
@@ -95,6 +96,10 @@ class ChainModel:
     # regions was over-predicted by 20 MiB, resnet50's fine plan at every block's peak by 28 MiB)
     y_free: tuple[int, ...] = ()
     skip_free: tuple[int, ...] = ()
+    # bytes of its xbar that only the next stage saves (its output, read by that stage's backward
+    # only): released after the next stage's backward, before its own (an 8-block MLP's GELU
+    # output saved by the matmul after it: 10 MiB over-predicted at the GELU's backward)
+    ylate: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.fwd_flops)
@@ -103,7 +108,7 @@ class ChainModel:
                     "keep_refused": ("",) * n, "bwd_flops": (0,) * n, "saves": (True,) * n,
                     "tail_time": (0.0,) * n, "tail_flops": (0,) * n, "early_stop": (True,) * n,
                     "unpacked": (True,) * n, "y_free": (0,) * n,
-                    "skip_free": (0,) * n}
+                    "skip_free": (0,) * n, "ylate": (0,) * n}
         for name, value in defaults.items():
             if not getattr(self, name):
                 object.__setattr__(self, name, value)
@@ -136,8 +141,10 @@ class ChainModel:
                 kept += self.xbar[i]
             held = backward_peak = 0
             for i in reversed(range(a, b)):  # backward from its parts' xbar and its output's gradient
+                if i < b - 1:  # (the last part's ylate is the merged stage's: the simulator releases it)
+                    held -= self.ylate[i]
                 backward_peak = max(backward_peak, held + self.btmp[i] + self.x[i] + self.param_grad[i])
-                held += self.x[i] + self.param_grad[i] - self.xbar[i] - self.delta(i)
+                held += self.x[i] + self.param_grad[i] - self.xbar[i] + self.ylate[i] - self.delta(i)
             param_grad = sum(self.param_grad[a:b])
             fdis = max([self.fdis[a]] + [self.y[i - 1] + self.skip[i - 1] + sum(self.keep_bytes[a:i]) + self.fdis[i]
                                          for i in range(a + 1, b)])
@@ -145,6 +152,7 @@ class ChainModel:
             return dict(
                 saves=saves, tail_time=tail_time, tail_flops=tail_flops, early_stop=all(self.early_stop[a:b]),
                 unpacked=any(self.unpacked[a:b]), y_free=self.y_free[b - 1], skip_free=self.skip_free[b - 1],
+                ylate=self.ylate[b - 1],
                 fwd_flops=sum(self.fwd_flops[a:b]), x=self.x[a], y=self.y[b - 1], xbar=kept, ftmp=max(0, forward_peak - kept),
                 btmp=backward_peak - self.x[a] - param_grad, param_grad=param_grad, fdis=fdis, skip=self.skip[b - 1],
                 # skip producers are indices of this model: map them to merged stages

@@ -187,7 +187,7 @@ def _uids(nodes: list[fx.Node], crossing: Iterable[int]) -> frozenset[int]:
 
 def _costs(nodes: list[fx.Node], first: int, last: int, entry: frozenset[int],
            exit_cut: tuple[int, ...], nbytes: dict[int, int], producer_stage: dict[int, int],
-           last_saved: dict[int, int]) -> dict[str, object]:
+           last_saved: dict[int, int], next_last: int) -> dict[str, object]:
     """Costs of nodes[first..last]: ``entry`` holds the storage uids flowing in, ``exit_cut`` the
     node indices of the values flowing out, ``last_saved`` the last node that saves each storage."""
     profs = [_profile_of(n) for n in nodes[first:last + 1]]
@@ -212,6 +212,9 @@ def _costs(nodes: list[fx.Node], first: int, last: int, entry: frozenset[int],
     # and widening xfree to match cost more plans than it won, the double count in between)
     y_free = sum(nbytes[u] for u in output if u not in last_saved and u not in entry)
     skip_free = sum(nbytes[u] for u in skip_uids if u not in last_saved)
+    # kept outputs only the next stage saves (nodes[..next_last]): freed after its backward, before
+    # this stage's (an activation's output saved by the matmul after it)
+    ylate = sum(nbytes[u] for u in kept_output if u not in saved and last_saved[u] <= next_last)
     x = sum(nbytes[u] for u in entry if u >= 0)
     y = sum(nbytes[u] for u in output)
     skip = sum(nbytes[u] for u in skip_uids)
@@ -239,7 +242,7 @@ def _costs(nodes: list[fx.Node], first: int, last: int, entry: frozenset[int],
     saves, tail_time, tail_flops = after_last_save((p.saves, p.tail_time, p.tail_flops) for p in profs)
     if not saves:  # the whole stage, at least MIN_STAGE_SECONDS like its forward
         tail_time, tail_flops = seconds, fwd
-    return dict(fwd_flops=fwd, x=x, y=y, y_free=y_free, skip_free=skip_free, xbar=xbar, ftmp=ftmp, btmp=btmp,
+    return dict(fwd_flops=fwd, x=x, y=y, y_free=y_free, skip_free=skip_free, ylate=ylate, xbar=xbar, ftmp=ftmp, btmp=btmp,
                 param_grad=g, fdis=fdis, skip=skip,
                 skip_from=skip_from, fwd_time=seconds, keep_bytes=sum(p.keep_bytes for p in profs), keep_time=keep_time,
                 xfree=xfree, selective_time=sum(p.selective_time for p in profs), keep_refused=refused, bwd_flops=bwd,
@@ -286,7 +289,8 @@ def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, split_bl
         for j in range(first, last + 1):
             producer_stage[j] = i
         stages.append(Stage(i, first, last, tuple(n.name for n in nodes[first:last + 1])))
-        rows.append(_costs(nodes, first, last, entry, crossing, nbytes, producer_stage, last_saved))
+        next_last = bounds[i + 1][1] if i + 1 < len(bounds) else last
+        rows.append(_costs(nodes, first, last, entry, crossing, nbytes, producer_stage, last_saved, next_last))
         entry = _uids(nodes, crossing)
     end = rows[-1]
     # the output is alive until the loss has read it (xbar leaves it out: nothing saves it)

@@ -129,9 +129,11 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
     s_idx, t_idx = idx[:, None], idx[None, :]
     # forward of stage s with everything kept; backward of a lone stage
     fwd_keep = _ceil(ftmp + xbar, slot)
-    bwd_alone = _ceil(xbar + btmp + x + g, slot)
+    # (what only the next stage saved, ylate, is released by then: its backward came first)
+    late = col(model.ylate)
+    bwd_alone = _ceil(xbar - late + btmp + x + g, slot)
     # backward of s after s+1..t: xbar_s, grad of s's output, grads of s+1..t, minus consumed delta_t
-    bwd_after = _ceil((xbar + delta + btmp + x + g)[:, None] + (pg[1:][None, :] - pg[1:][:, None]) - delta[None, :], slot)
+    bwd_after = _ceil((xbar - late + delta + btmp + x + g)[:, None] + (pg[1:][None, :] - pg[1:][:, None]) - delta[None, :], slot)
     # held[s, i]: what a region starting at s holds after its stage i (output, and the skip value
     # over the same cut if the region produced it)
     produced = skip_from[None, :] >= s_idx  # [s, i]: the skip value over cut i was made in s..i
