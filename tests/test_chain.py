@@ -56,16 +56,26 @@ def test_inplace_consumer_stays_with_its_producer():
 
 
 @pytest.mark.parametrize("spec", ["transformers:gpt2:layers=2,width=64,heads=2,seq=32",
-                                  "transformers:llama:layers=2,width=64,heads=2,seq=32,vocab=512"])
+                                  "transformers:gpt2:layers=3,width=64,heads=2,seq=128",
+                                  "transformers:llama:layers=2,width=64,heads=2,seq=32,vocab=512",
+                                  "transformers:llama:layers=4,width=64,heads=2,seq=256,vocab=512"])
 def test_the_stage_model_keeps_what_the_step_keeps(spec):
     """The solvers' stage model (chain/costs.py, simulated by solvers/model.py) against the step.  Both linearizations keep,
     summed over their stages, what the forward keeps (a stage whose output is a view of its input,
     a matmul's output reshaped, kept that storage a second time: GPT-2 2 x 64 kept 2.2 MB in the
-    fine chain, 1.1 MB in the block chain).  On plans with one region per decoder layer, plain or
-    keeping its matmul outputs, or a keeping region inside a plain one, the model never predicts
-    less than the simulated step of the generated module (a keeping region nested in a plain one
-    was modeled as if torch freed its kept outputs with the outer forward: Llama 8 x 512, 28 MiB
-    under), and on GPT-2 it predicts the same to a few small tensors."""
+    fine chain, 1.1 MB in the block chain).  On plans in rotor's space -- one region per decoder
+    layer, plain or keeping its matmul outputs, one over each layer's second half, one nested in
+    another -- it predicts the simulated step of the generated module to a few small tensors: the
+    causal mask every layer reads counted once however many regions hold it (a 4-layer Llama at
+    seq 256 was 3 x 128 KiB over), a region holding only the inputs it reads, the residual's
+    gradient not made again by a stage it only flows past (128 KiB), a keeping region's output
+    held once with its cache, the kept outputs past its recomputation's early stop held to its
+    backward (16 KiB under), the RNG state a GPT-2 region with dropout stashes (5 KB a region).
+    Regions nested in others stay bounds: an input both hold is counted twice (a Llama layer's
+    residual, 128 KiB over), the RNG state a nested region stashes in the outer's forward is not
+    counted (5 KB a region with dropout, CPU steps only), and a keeping region nested in a plain one
+    (outside rotor's space) holds its kept outputs from the outer forward on (Llama 8 x 512: 28 MiB
+    under when modeled otherwise)."""
     pytest.importorskip("transformers")
     import re
 
@@ -85,16 +95,17 @@ def test_the_stage_model_keeps_what_the_step_keeps(spec):
         if found:
             layers.setdefault(found.group(1), []).append(i)
     spans = sorted((min(s), max(s) + 1) for s in layers.values())
-    assert len(spans) == 2
-    (a, b), (c, d) = spans
-    plans = [(), tuple(Region(s, e) for s, e in spans), tuple(Region(s, e, (), SAVE_COMPUTE) for s, e in spans),
-             (Region(a, b, (Region(a, (a + b) // 2, (), SAVE_COMPUTE),)),
-              Region(c, d, (Region((c + d) // 2, d, (), SAVE_COMPUTE),)))]
-    for regions in plans:
+    assert len(spans) == int(re.search(r"layers=(\d+)", spec).group(1))
+    exact = [(), tuple(Region(s, e) for s, e in spans), tuple(Region(s, e, (), SAVE_COMPUTE) for s, e in spans),
+             tuple(Region((s + e) // 2, e) for s, e in spans)]
+    bound = [tuple(Region(s, e, (Region((s + e) // 2, e),)) for s, e in spans),
+             tuple(Region(s, e, (Region(s, (s + e) // 2, (), SAVE_COMPUTE),)) for s, e in spans)]
+    for regions in exact + bound:
         modeled = problem.resident + evaluate(level.exact, regions).peak
         simulated = problem.predict(apply_regions(problem, regions, "fine"))
-        assert modeled >= simulated - 4096, (regions, modeled, simulated)
-        if "gpt2" in spec:  # the rules' scratch of a tiny model differs by tens of bytes
+        stashed = sum(level.exact.rng_held(c.start, c.stop - 1) for r in regions for c in r.children)
+        assert modeled >= simulated - 4096 - stashed, (regions, modeled, simulated)
+        if regions in exact:
             assert modeled <= simulated + 4096, (regions, modeled, simulated)
 
 

@@ -9,6 +9,7 @@ import torch
 import remat
 from remat.budget import parse_budget
 from remat.chain import ChainModel
+from remat.chain.costs import SkipPart
 from remat.solvers.base import SAVE_COMPUTE, Plan, Region
 from remat.solvers.chen import greedy_regions
 from remat.solvers.model import evaluate
@@ -61,7 +62,40 @@ def random_model(n: int, rng: random.Random) -> ChainModel:
     skip_free = tuple(frees.choice([0, skip[i], frees.randint(0, skip[i])]) for i in range(n))
     # what only the next stage saves of its xbar, released after that stage's backward
     ylate = tuple(frees.choice([0, min(y[i], xbar[i]), frees.randint(0, min(y[i], xbar[i]))]) for i in range(n))
-    return replace(model, keep_refused=refused, tail_time=tail, y_free=y_free, skip_free=skip_free, ylate=ylate)
+    model = replace(model, keep_refused=refused, tail_time=tail, y_free=y_free, skip_free=skip_free, ylate=ylate)
+    return _more_columns(model, random.Random(hash((model.fwd_flops, model.xbar, 1))))
+
+
+def _more_columns(m: ChainModel, rng: random.Random) -> ChainModel:
+    """Draws of the columns that make the stage model exact on real steps: gradients only of what
+    requires grad, and new only for what a stage reads (grad_in, grad_new); a region's kept outputs
+    that are its output (y_keep, skip parts' keep); skip values from several producers; the inputs a
+    region holds by the stage that reads them (xfree_parts); kept outputs after the last save
+    (tail_keep); a stashed RNG state (rng_state).  From their own stream: earlier draws unchanged."""
+    n = len(m)
+    pick = lambda hi: rng.choice([hi, rng.randint(0, hi), 0]) if hi > 0 else 0  # noqa: E731
+    grad_in = tuple(rng.choice([m.x[i], rng.randint(0, m.x[i])]) for i in range(n))
+    grad_new = tuple(rng.choice([g, rng.randint(0, g)]) for g in grad_in)
+    y_keep = tuple(pick(min(m.keep_bytes[i], m.y[i] - m.y_free[i])) for i in range(n))
+    parts = []
+    for i in range(n):
+        if not m.skip[i]:
+            parts.append(())
+            continue
+        older = rng.randint(0, m.skip[i]) if rng.random() < 0.5 else 0  # a value made before the block
+        split = [(m.skip_from[i], m.skip[i] - older), (rng.randint(-1, max(-1, m.skip_from[i] - 1)), older)]
+        parts.append(tuple(SkipPart(p, b, free, pick(b - free))
+                           for p, b in split if b for free in [pick(b)]))
+    xfree_parts = tuple(tuple((rng.randint(s, n - 1), b) for b in _split(m.xfree[s], rng) if b) for s in range(n))
+    return replace(m, grad_in=grad_in, grad_new=grad_new, y_keep=y_keep, skip_parts=tuple(parts),
+                   xfree_parts=xfree_parts, tail_keep=tuple(pick(k) for k in m.keep_bytes),
+                   rng_state=tuple(rng.choice([0, 0, rng.randint(1, 20)]) for _ in range(n)))
+
+
+def _split(total: int, rng: random.Random) -> list[int]:
+    """``total`` in one or two random parts."""
+    cut = rng.randint(0, total) if rng.random() < 0.5 else total
+    return [cut, total - cut]
 
 
 def all_structures(start, stop, forbid=None, safe=None, selective=True):
@@ -206,6 +240,39 @@ def random_plans(n: int, rng: random.Random, count: int):
     return [build(0, n, 0) for _ in range(count)]
 
 
+def test_a_value_every_block_reads_is_counted_once_and_rotor_plans_stay_under_the_limit():
+    """A value no node saves and every block reads (a causal mask: ChainModel.pinned) is held by
+    each region over a reader until that region's backward; the simulator counts it once, to the
+    first such region's backward (or its last reader's forward): never more than its bytes above
+    the same chain without it.  rotor counts it for the whole step, so its plans stay under the limit
+    in the simulator and recompute at least the exhaustive optimum."""
+    checked = 0
+    for seed in range(150):
+        rng = random.Random(seed)
+        n = rng.randint(3, 5)
+        base = random_model(n, rng)
+        p = rng.randint(0, n - 2)
+        readers = tuple(sorted(rng.sample(range(p + 1, n), rng.randint(1, n - 1 - p))))
+        pinned = [0] * n
+        pinned[p] = rng.randint(1, 60)
+        model = replace(base, pinned=tuple(pinned), pinned_readers=tuple(readers if i == p else () for i in range(n)))
+        for regions in random_plans(n, rng, 20):
+            extra = evaluate(model, regions).peak - evaluate(base, regions).peak
+            assert 0 <= extra <= pinned[p], (seed, regions)
+        top = evaluate(model, ()).peak
+        for limit in sorted({rng.randint(top // 3, top) for _ in range(3)}):
+            regions = rotor_plan(model, limit, slots=limit)
+            if regions is None:
+                continue
+            cost = evaluate(model, regions)
+            assert cost.peak <= limit, (seed, limit, regions)
+            if n <= 4:  # (five stages enumerate ~20k plans)
+                best = exact_search(model, [limit])[limit]
+                assert best is not None and best <= cost.recompute + 1e-9
+            checked += 1
+    assert checked > 150, checked
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_rotor_beats_every_sampled_plan_on_ten_stages(seed):
     rng = random.Random(100 + seed)
@@ -317,9 +384,11 @@ def test_budgeted_plans_fit_measured_and_train_exactly(solver):
 
 
 def test_a_plan_the_stage_model_over_predicts_uses_the_budget_it_leaves(monkeypatch):
-    """The stage model over-predicts a small Llama's plans (a stage's inputs and gradients are
-    bounds); the planner raises the solver's limit while the verified plan still fits, and the
-    plan it then returns recomputes less, fits measured and trains exactly."""
+    """The DP's table rounds sizes up to slots (and the stage model is a bound), so a plan can fit
+    with budget to spare; the planner raises the solver's limit while the verified plan still
+    fits, and the plan it then returns recomputes less, fits measured and trains exactly (a small
+    Llama at 0.6: 0.94 -> 0.79 ms predicted; at 0.45, where the stage model over-predicted by
+    its mask and residual gradients before they were counted once, it now finds the plan at once)."""
     import remat.planner.search as search
     from remat.zoo import build
 
@@ -327,7 +396,7 @@ def test_a_plan_the_stage_model_over_predicts_uses_the_budget_it_leaves(monkeypa
 
     def plan(rounds: int, model=work.model):
         monkeypatch.setattr(search, "LOOSEN_ROUNDS", rounds)
-        return remat.checkpoint(model, work.inputs, work.kwargs, budget=0.45)
+        return remat.checkpoint(model, work.inputs, work.kwargs, budget=0.6)
 
     tight = plan(0).remat_plan
     loose = assert_same_step(work.model, lambda m: plan(3, m), work.inputs, kwargs=work.kwargs)

@@ -175,9 +175,12 @@ def prepare(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
     if sharding == "fsdp":
         problem.shard = shard_model(gm, world_size, prof.buffer_bytes + prof.input_bytes)
         problem.sharded_peak = problem.predict(done.baseline)
+    # torch's checkpoint stashes the CPU generator's state for a region drawing random numbers; the
+    # simulated step counts it on CPU targets only (profiler/dispatch.py), so does the stage model
+    rng_state = torch.get_rng_state().untyped_storage().nbytes() if done.target.device.type == "cpu" else 0
     for name, split in (("blocks", False), ("fine", True)):
         chain = linearize(gm, shared_inputs, split_blocks=split, loss_peak=prof.loss_peak_bytes,
-                          loss_grad=prof.loss_grad_bytes)
+                          loss_grad=prof.loss_grad_bytes, rng_state=rng_state)
         if problem.shard is not None:
             chain = shard_chain(chain, problem.shard)
         coarse, groups = coarsen(chain.model, max_stages, cut_depths(gm, chain))

@@ -75,6 +75,8 @@ class NodeProfile:
     unpacked: bool = False
     tail_time: float = 0.0  # predicted seconds of its forward ops after its last save (all, if none)
     tail_flops: int = 0  # ... and their FLOPs
+    tail_keep: int = 0  # ... and the bytes of their kept outputs (keep_bytes): a selective region's
+    # recomputation stops before them, so torch's cache keeps those to the region's backward's end
     shape: tuple[int, ...] | None = None  # a placeholder's tensor shape (the planned input shape)
     dtype: str | None = None  # ... and its dtype ("torch.float32")
     fwd_time: float = 0.0  # predicted seconds of its forward ops (timing.py)
@@ -93,6 +95,10 @@ class NodeProfile:
     out_uids: frozenset[int] = field(default=frozenset(), repr=False)  # new storages of the outputs
     value_uids: frozenset[int] = field(default=frozenset(), repr=False)  # every storage of the value
     saved_uids: frozenset[int] = field(default=frozenset(), repr=False)
+    # storages of its outputs that require grad: only these get a gradient in the backward
+    grad_uids: frozenset[int] = field(default=frozenset(), repr=False)
+    # new output storages of its matmul/conv/attention ops (``keep_bytes``): what SAVE_COMPUTE keeps
+    keep_uids: frozenset[int] = field(default=frozenset(), repr=False)
     uid_bytes: dict[int, int] = field(default_factory=dict, repr=False)
     # the profile run's allocator timeline (absolute bytes above resident), for stage-level peaks
     fwd_mark: int = field(default=0, repr=False)  # allocated when the node's forward starts
@@ -136,7 +142,7 @@ class NodeProfiler(fx.Interpreter):
         self.unattributed = {FWD: 0, LOSS: 0, BWD: 0}
         self.saved: dict[int, int] = {}  # uid -> bytes of every activation saved for backward
         self._pending_saved: list[torch.Tensor] = []
-        self._at_last_save: tuple[float, int] | None = None  # (fwd_time, fwd_flops) of the node then
+        self._at_last_save: tuple[float, int, int] | None = None  # (fwd_time, fwd_flops, keep_bytes) of the node then
         self._seen_grad_fns: set[int] = set()
         self._windows: dict[int, int] = {}
         self._bwd_calls = 0
@@ -170,10 +176,13 @@ class NodeProfiler(fx.Interpreter):
             if found.formula is not None and found.formula.mac:
                 prof.keep_time += seconds
                 prof.keep_bytes += _new_output_bytes(args, out)
+                inputs = {self.tracker.uid(t) for t in _tensors(args)}
                 for t in _tensors(out):
                     uid = self.tracker.uid(t)
                     if uid is not None:
                         self.kept[uid] = (prof, str(func))
+                        if uid not in inputs:
+                            prof.keep_uids = prof.keep_uids | {uid}
         elif self.flops.phase == BWD:
             prof.bwd_flops += flops
             prof.bwd_time += seconds
@@ -236,13 +245,15 @@ class NodeProfiler(fx.Interpreter):
         value_uids = {u for u in (self.tracker.uid(t) for t in outs) if u is not None}
         prof.in_uids, prof.out_uids, prof.saved_uids = frozenset(in_uids), frozenset(out_uids), frozenset(saved)
         prof.value_uids = frozenset(value_uids)
+        prof.grad_uids = frozenset(u for u in (self.tracker.uid(t) for t in outs if t.requires_grad) if u is not None)
         prof.uid_bytes = {u: self.tracker.nbytes[u] for u in in_uids | value_uids | saved}
         for u in saved:
             self.saved[u] = self.tracker.nbytes[u]
         self._hook_backward(outs, prof)
         prof.saves = self._at_last_save is not None
-        seconds, flops = self._at_last_save or (0.0, 0)
+        seconds, flops, kept = self._at_last_save or (0.0, 0, 0)
         prof.tail_time, prof.tail_flops = max(0.0, prof.fwd_time - seconds), max(0, prof.fwd_flops - flops)
+        prof.tail_keep = max(0, prof.keep_bytes - kept)
         self._pending_saved = []
         n.meta[META_KEY] = prof
         return out
@@ -250,7 +261,7 @@ class NodeProfiler(fx.Interpreter):
     def _pack(self, t: torch.Tensor) -> tuple[NodeProfile | None, torch.Tensor]:
         self._pending_saved.append(t)
         if self.current is not None:  # autograd packs an op's inputs before its kernel runs
-            self._at_last_save = (self.current.fwd_time, self.current.fwd_flops)
+            self._at_last_save = (self.current.fwd_time, self.current.fwd_flops, self.current.keep_bytes)
         return self.current, t
 
     @staticmethod

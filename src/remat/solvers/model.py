@@ -8,7 +8,9 @@ This is the execution model of nested non-reentrant ``torch.utils.checkpoint`` o
   ``skip_free``: read by what follows and gone): inside, each stage holds its input and peaks at
   ``fdis`` above it while it runs, and intermediate outputs are freed at once;
 * a region that keeps its expensive ops' outputs (policy SAVE_COMPUTE, torch's selective
-  checkpointing) also keeps each stage's ``keep_bytes`` through the forward; its recomputation runs
+  checkpointing) also keeps each stage's ``keep_bytes`` through the forward, its output counted once
+  where it is one of them (``y_keep``, ``skip_keep``: the same tensor), those its recomputation
+  never reaches (after its last save: ``cached_tail``) to the end of its backward; its recomputation runs
   every stage kept (no regions inside), reusing those outputs, and costs only ``fwd_time - keep_time``;
 * a SAVE_COMPUTE region inside a plain one keeps its ``keep_bytes`` from the outer forward to the
   end of the outer region's backward (torch's selective checkpoint caches them in the outer forward
@@ -22,7 +24,13 @@ This is the execution model of nested non-reentrant ``torch.utils.checkpoint`` o
   gradient through it) is not re-run at all (the DP charges it, a bound);
 * the backward of a stage needs ``xbar`` (less ``ylate``, what only the next stage saved, released
   after that stage's backward) and the gradient of its output, produces the gradient of
-  its input (``x`` bytes) and its parameter gradients (``param_grad``), which stay to the end of the step.
+  its input (``grad_in`` bytes, what requires grad; ``grad_new`` of them new, the rest only flowing
+  past it) and its parameter gradients (``param_grad``), which stay to the end of the step.
+
+What no node saves and repeated blocks all read (``pinned``: a causal mask each layer's attention
+reads) is alive from its stage's forward to its last reader's, or, once a region over a reader
+holds it as an input, to the first such region's backward: counted once, however many regions
+hold it (rotor's DP counts it for the whole step, a bound).
 
 The cost solvers minimize is recomputation time (``fwd_time``, predicted seconds); FLOPs (``fwd_flops``) are
 reported.  The simulator is written independently of the dynamic program in rotor.py; the tests
@@ -104,6 +112,39 @@ class _Machine:
         self.m = model
         self.cur = 0
         self.peak = 0
+        self.first = True  # the step's forward (not a recomputation)
+        # pinned values (chain/costs.py) by the stage that made them: made yet, and the region
+        # holding them (the first over a reader)
+        self.made: set[int] = set()
+        self.holder: dict[int, Region] = {}
+
+    def _made(self, i: int) -> None:
+        """After stage i's forward in the step's forward: its pinned values are alive, and those
+        it was the last reader of go, unless a region holds them."""
+        m = self.m
+        if not self.first:
+            return
+        if m.pinned[i]:
+            self.made.add(i)
+            self.cur += m.pinned[i]
+        for p in list(self.made):
+            if p not in self.holder and m.pinned_readers[p] and m.pinned_readers[p][-1] == i:
+                self.made.discard(p)
+                self.cur -= m.pinned[p]
+
+    def _hold(self, r: Region) -> None:
+        """A region starting in the step's forward holds the pinned values it reads, if none does."""
+        if self.first:
+            for p in self.made:
+                if p not in self.holder and any(r.start <= q < r.stop for q in self.m.pinned_readers[p]):
+                    self.holder[p] = r
+
+    def _release(self, r: Region) -> None:
+        """A region's backward is done: the pinned values it held go."""
+        for p in [p for p, h in self.holder.items() if h is r]:
+            del self.holder[p]
+            self.made.discard(p)
+            self.cur -= self.m.pinned[p]
 
     def _touch(self, extra: int = 0) -> None:
         self.peak = max(self.peak, self.cur + extra)
@@ -118,43 +159,58 @@ class _Machine:
         out.extend(range(i, stop))
         return out
 
+    def _kept(self, region: Region) -> int:
+        """What a region holds once its forward is done, beyond its inputs and keeps."""
+        end = region.stop - 1
+        return self.m.kept(region.start, end) - (self.m.shared(region.start, end) if region.policy != FULL else 0)
+
     def forward(self, items: list[int | Region]) -> None:
         m = self.m
         for item in items:
             if isinstance(item, Region):
-                self.cur += m.xfree[item.start]  # its inputs, held by the checkpoint call until its backward
+                # its inputs nothing saves: alive through its forward, those it reads (the checkpoint
+                # call's arguments) until its backward
+                self.cur += m.xfree[item.start] + m.rng_held(item.start, item.stop - 1)
+                self._hold(item)
                 held = 0  # what the region holds between its stages (nothing saved)
                 nested = _nested_keeps(m, item)
+                once = item.policy != FULL  # its outputs that are kept ones are held once
                 for i in range(item.start, item.stop):
                     keep = nested.get(i, 0)  # the kept outputs of a SAVE_COMPUTE region (or one inside)
                     # cur already holds the stage's input and the region's earlier keeps; fdis is
                     # the stage's peak above them (chain/costs.py), its keeps counted at once
-                    self._touch(keep + m.fdis[i])
-                    self.cur += m.out(item.start, i) - held + keep
-                    held = m.out(item.start, i)
-                self.cur -= held - m.kept(item.start, item.stop - 1)  # read by what follows, never saved
+                    self._touch(keep - (m.y_keep[i] if once else 0) + m.fdis[i])
+                    now = m.out(item.start, i) - (m.shared(item.start, i) if once else 0)
+                    self.cur += now - held + keep
+                    held = now
+                    self._made(i)
+                self.cur -= held - self._kept(item)  # read by what follows, never saved
+                self.cur -= m.xfree[item.start] - m.held_inputs(item.start, item.stop - 1)
             else:
                 self._touch(m.ftmp[item] + m.xbar[item])
                 self.cur += m.xbar[item]
+                self._made(item)
 
     def backward(self, items: list[int | Region]) -> None:
         m = self.m
         for item in reversed(items):
             if isinstance(item, Region):
-                self.cur -= m.kept(item.start, item.stop - 1)  # the region's output is recomputed
+                self.cur -= self._kept(item)  # the region's output is recomputed
                 kept = sum(_nested_keeps(m, item).values())
-                if item.policy != FULL:  # the kept outputs become part of the stages' xbar again
-                    self.cur -= kept
+                tail = m.cached_tail(item.start, item.stop - 1) if item.policy != FULL else 0
+                if item.policy != FULL:  # the kept outputs become part of the stages' xbar again,
+                    self.cur -= kept - tail  # but those after the rerun's early stop stay cached
                 inner = self.items(item.start, item.stop, item.children)
                 self.forward(inner)
                 self.backward(inner)
-                self.cur -= m.xfree[item.start]
+                self.cur -= m.held_inputs(item.start, item.stop - 1) + m.rng_held(item.start, item.stop - 1) + tail
+                self._release(item)
                 if item.policy == FULL:
                     self.cur -= kept
             else:
                 self.cur -= m.ylate[item]  # what only the next stage saved: its backward is done
-                self._touch(m.btmp[item] + m.x[item] + m.param_grad[item])
-                self.cur += m.x[item] + m.param_grad[item] - m.xbar[item] + m.ylate[item] - m.delta(item)
+                self._touch(m.btmp[item] + m.grad_new[item] + m.param_grad[item])
+                self.cur += m.grad_in[item] + m.param_grad[item] - m.xbar[item] + m.ylate[item] - m.delta(item)
 
 
 def evaluate(model: ChainModel, regions: Sequence[Region]) -> Cost:
@@ -162,5 +218,6 @@ def evaluate(model: ChainModel, regions: Sequence[Region]) -> Cost:
     machine = _Machine(model)
     top = machine.items(0, len(model), regions)
     machine.forward(top)
+    machine.first = False
     machine.backward(top)
     return Cost(machine.peak, recompute_time(model, regions), recompute_flops(model, regions))

@@ -50,7 +50,7 @@ class RotorTable:
     out_slots: torch.Tensor  # (L, L): [s, k-1] what a region s..k-1 holds, in slots
     sel_slots: torch.Tensor  # (L, L): [s, k-1] what a selective region s..k-1 holds, in slots
     credit: torch.Tensor  # (L, L): slots credited to the recomputation of s..k-1 (indexed [k, t])
-    xfree_slots: torch.Tensor  # (L,): [s] a region's inputs nothing else saves, held until its backward
+    xfree_slots: torch.Tensor  # (L, L): [s, k-1] the inputs nothing else saves region s..k-1 holds to its backward
     model: ChainModel
     # like ``what``, without selective regions: a plain region's recomputation (None: the table
     # admits selective regions nested in plain ones, and ``what`` serves both)
@@ -93,6 +93,8 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
     see rotor_plan)."""
     n = len(model)
     n_slots = slots
+    memory -= sum(model.pinned)  # alive the whole step (chain/costs.py): the chain has the rest
+    hopeless = memory < 0
     slot = max(memory, 1) / n_slots
     d64 = torch.float64
     dc = torch.float32  # the table itself: half the memory traffic of float64
@@ -100,12 +102,12 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
     def col(values) -> torch.Tensor:
         return torch.tensor(values, dtype=d64)
 
-    t_fwd, x, y, xbar = col(model.fwd_time), col(model.x), col(model.y), col(model.xbar)
-    ftmp, btmp, g, fdis, skip = col(model.ftmp), col(model.btmp), col(model.param_grad), col(model.fdis), col(model.skip)
+    t_fwd, y, xbar = col(model.fwd_time), col(model.y), col(model.xbar)
+    ftmp, btmp, g, fdis = col(model.ftmp), col(model.btmp), col(model.param_grad), col(model.fdis)
     keep, xfree = col(model.keep_bytes), col(model.xfree)
+    gin, gnew = col(model.grad_in), col(model.grad_new)  # input gradients: in all, and new (costs.py)
     t_sel = col([model.recompute_seconds(i, SAVE_COMPUTE) for i in range(n)])
     unsafe = col([0.0 if ok else 1.0 for ok in model.keep_safe])  # stages no selective region may hold
-    skip_from = torch.tensor(model.skip_from)
     delta = col([model.delta(i) for i in range(n)])
 
     def prefix(v: torch.Tensor) -> torch.Tensor:
@@ -131,30 +133,39 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
     fwd_keep = _ceil(ftmp + xbar, slot)
     # (what only the next stage saved, ylate, is released by then: its backward came first)
     late = col(model.ylate)
-    bwd_alone = _ceil(xbar - late + btmp + x + g, slot)
+    bwd_alone = _ceil(xbar - late + btmp + gnew + g, slot)
     # backward of s after s+1..t: xbar_s, grad of s's output, grads of s+1..t, minus consumed delta_t
-    bwd_after = _ceil((xbar - late + delta + btmp + x + g)[:, None] + (pg[1:][None, :] - pg[1:][:, None]) - delta[None, :], slot)
-    # held[s, i]: what a region starting at s holds after its stage i (output, and the skip value
-    # over the same cut if the region produced it)
-    produced = skip_from[None, :] >= s_idx  # [s, i]: the skip value over cut i was made in s..i
-    held = y[None, :] + torch.where(produced, skip[None, :], 0.0)
+    bwd_after = _ceil((xbar - late + delta + btmp + gnew + g)[:, None] + (pg[1:][None, :] - pg[1:][:, None]) - delta[None, :], slot)
+    # held[s, i]: what a region starting at s holds after its stage i (output, and the skip values
+    # over the same cut that the region made: ChainModel.made)
+    made = {f: col(model.made_matrix(f)) for f in ("bytes", "free", "keep")}
+    held = y[None, :] + made["bytes"]
     # discard forward of s..k-1: peak over its stages of (what it holds before) + fdis
     before = torch.cat([torch.zeros((n, 1), dtype=d64), held[:, :-1]], dim=1)
     inside = t_idx >= s_idx
     # (a region holds its inputs nothing else saves, xfree[s], from its start to its backward)
     w = torch.where(inside, fdis[None, :] + torch.where(t_idx > s_idx, before, 0.0) + xfree[:, None], -INF)
-    disc = _ceil(torch.cummax(w, dim=1).values, slot)  # disc[s, k-1]: segment s..k-1
+    rng = col(model.region_matrix(model.rng_held))  # [s, k-1]: its stashed RNG state, from its start
+    disc = _ceil(torch.cummax(w, dim=1).values + rng, slot)  # disc[s, k-1]: segment s..k-1
     # a selective region also holds what its stages s..i keep
     kept = torch.where(inside, pk[1:][None, :] - pk[:-1][:, None], 0.0)  # kept[s, i]: keep of s..i
-    sel_disc = _ceil(torch.cummax(torch.where(inside, w + kept, -INF), dim=1).values, slot)
+    # (its output, where a kept op's, is held once: ``shared``, before and after each stage)
+    shared = col(model.y_keep)[None, :] + made["keep"]
+    shared_before = torch.cat([torch.zeros((n, 1), dtype=d64), shared[:, :-1]], dim=1)
+    w_sel = w + kept - col(model.y_keep)[None, :] - torch.where(t_idx > s_idx, shared_before, 0.0)
+    sel_disc = _ceil(torch.cummax(torch.where(inside, w_sel, -INF), dim=1).values + rng, slot)
     # memory credited to the recomputation of s..k-1 once k..t is done (indexed [k, t])
-    credit = _floor(delta[None, :] - x[:, None] - (pg[1:][None, :] - pg[:-1][:, None]), slot)
+    credit = _floor(delta[None, :] - gin[:, None] - (pg[1:][None, :] - pg[:-1][:, None]), slot)
     x_slots = _ceil(xbar, slot)
     # once its forward is done a region holds its output less what no node saves (model.py)
-    done = held - col(model.y_free)[None, :] - torch.where(produced, col(model.skip_free)[None, :], 0.0)
-    out_slots = _ceil(done + xfree[:, None], slot)
-    sel_slots = _ceil(done + kept + xfree[:, None], slot)
-    xfree_slots = _ceil(xfree, slot)
+    done = held - col(model.y_free)[None, :] - made["free"]
+    # (past its forward a region holds only the inputs it reads: ChainModel.held_inputs)
+    held_in = col(model.region_matrix(model.held_inputs)) + rng
+    out_slots = _ceil(done + held_in, slot)
+    sel_slots = _ceil(done - shared + kept + held_in, slot)
+    xfree_slots = _ceil(held_in, slot)
+    # a selective region's kept outputs its recomputation never reaches, held through it (model.py)
+    tail_slots = _ceil(col(model.region_matrix(model.cached_tail)), slot)
     need = _keep_all_need(x_slots, fwd_keep, bwd_after, bwd_alone)  # [s, k-1]: recomputing s..k-1 kept
 
     # Padded rows: padded[s, t, n_slots+1 + m] = C[s, t, m].  Left of it n_slots+1 columns of inf (not
@@ -197,7 +208,7 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
         tt = t[:, None].expand_as(k)
         ss = s[:, None].expand_as(k)
         first_forward = (pfc[k] - pfc[s][:, None])[..., None]
-        room_start = (width + credit[k, tt] - xfree_slots[ss]).clamp(0, 2 * width)  # its inputs still held
+        room_start = (width + credit[k, tt] - xfree_slots[ss, k - 1]).clamp(0, 2 * width)  # its inputs still held
         inner = window_p[ss, k - 1, room_start]  # a plain region's recomputation, solved plainly
 
         def keep_or_checkpoint(rest: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -225,9 +236,9 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
             # infeasible below a threshold of m: the forward with its keeps (sel_disc > m), the
             # recomputation once k..t is done (need > min(m + credit - xfree, n_slots)); never for a
             # region over a stage whose kept output a later op overwrites (one compare per cell)
-            credit_k = credit[k, tt] - xfree_slots[ss]
+            credit_k = credit[k, tt] - xfree_slots[ss, k - 1]
             need_k = need[ss, k - 1]
-            below = torch.maximum(sel_disc[ss, k - 1], need_k - credit_k)
+            below = torch.maximum(sel_disc[ss, k - 1], need_k - credit_k + tail_slots[ss, k - 1])
             never = (need_k > n_slots) | (pu[k] - pu[s][:, None] > 0)
             below.masked_fill_(never, 2 * width)
             opt3.masked_fill_(m < below[..., None], INF)
@@ -239,6 +250,8 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
         what[s, t] = choice
         chosen_sel[s, t] = sel
     cost = padded[:, :, mid]
+    if hopeless:
+        cost.fill_(INF)
     return RotorTable(cost, what, chosen_sel, slot, x_slots, out_slots, sel_slots, credit, xfree_slots, model,
                       what_p if two else None)
 
@@ -266,7 +279,7 @@ def rotor_regions(table: RotorTable, m: int | None = None) -> tuple[Region, ...]
                 out.append(Region(s, k, (), SAVE_COMPUTE))
                 m -= int(table.sel_slots[s, k - 1])
             else:
-                m2 = min(n_slots, m + int(table.credit[k, t]) - int(table.xfree_slots[s]))
+                m2 = min(n_slots, m + int(table.credit[k, t]) - int(table.xfree_slots[s, k - 1]))
                 out.append(Region(s, k, tuple(build(s, k - 1, m2, plain=True)), FULL))
                 m -= int(table.out_slots[s, k - 1])
             s = k
