@@ -200,7 +200,8 @@ def test_a_region_does_not_hold_an_output_nothing_saves():
     model = problem.levels["fine"].exact
     first_free = [i for i in range(1, len(model) - 1) if model.y_free[i] and not model.y_free[i - 1]]
     assert len(first_free) == len(work.model.blocks)  # each block's second matmul: read by the add only
-    held = replace(model, y_free=(0,) * len(model), skip_free=(0,) * len(model))
+    held = replace(model, y_free=(0,) * len(model),
+                   skip_parts=tuple(tuple(p._replace(free=0) for p in model.parts(i)) for i in range(len(model))))
     for regions in (tuple(Region(i - 1, i + 1) for i in first_free), tuple(Region(i, i + 2) for i in first_free)):
         _assert_a_closer_bound(problem, model, held, regions)
 

@@ -46,8 +46,8 @@ def random_model(n: int, rng: random.Random) -> ChainModel:
     model = ChainModel(tuple(f), tuple(x), tuple(y), tuple(xbar),
                        tuple(rng.randint(0, 20) for _ in range(n)), tuple(rng.randint(0, 30) for _ in range(n)),
                        tuple(rng.randint(0, 10) for _ in range(n)), tuple(fdis),
-                       tuple(skip), tuple(skip_from), tuple(float(v) for v in f), tuple(keep), tuple(keep_time),
-                       tuple(xfree))
+                       fwd_time=tuple(float(v) for v in f), keep_bytes=tuple(keep), keep_time=tuple(keep_time),
+                       xfree=tuple(xfree))
     # stages whose kept outputs a later op overwrites (no selective region may hold them), drawn
     # from the model itself so the draws after this one (the limits) stay those of earlier seeds
     unsafe = random.Random(hash((model.fwd_flops, model.xbar)))
@@ -62,7 +62,8 @@ def random_model(n: int, rng: random.Random) -> ChainModel:
     skip_free = tuple(frees.choice([0, skip[i], frees.randint(0, skip[i])]) for i in range(n))
     # what only the next stage saves of its xbar, released after that stage's backward
     ylate = tuple(frees.choice([0, min(y[i], xbar[i]), frees.randint(0, min(y[i], xbar[i]))]) for i in range(n))
-    model = replace(model, keep_refused=refused, tail_time=tail, y_free=y_free, skip_free=skip_free, ylate=ylate)
+    parts = tuple((SkipPart(skip_from[i], skip[i], skip_free[i]),) if skip[i] else () for i in range(n))
+    model = replace(model, keep_refused=refused, tail_time=tail, y_free=y_free, skip_parts=parts, ylate=ylate)
     return _more_columns(model, random.Random(hash((model.fwd_flops, model.xbar, 1))))
 
 
@@ -79,11 +80,12 @@ def _more_columns(m: ChainModel, rng: random.Random) -> ChainModel:
     y_keep = tuple(pick(min(m.keep_bytes[i], m.y[i] - m.y_free[i])) for i in range(n))
     parts = []
     for i in range(n):
-        if not m.skip[i]:
+        if not m.skip(i):
             parts.append(())
             continue
-        older = rng.randint(0, m.skip[i]) if rng.random() < 0.5 else 0  # a value made before the block
-        split = [(m.skip_from[i], m.skip[i] - older), (rng.randint(-1, max(-1, m.skip_from[i] - 1)), older)]
+        (block,) = m.parts(i)  # one part: the block's input
+        older = rng.randint(0, block.bytes) if rng.random() < 0.5 else 0  # a value made before the block
+        split = [(block.producer, block.bytes - older), (rng.randint(-1, max(-1, block.producer - 1)), older)]
         parts.append(tuple(SkipPart(p, b, free, pick(b - free))
                            for p, b in split if b for free in [pick(b)]))
     xfree_parts = tuple(tuple((rng.randint(s, n - 1), b) for b in _split(m.xfree[s], rng) if b) for s in range(n))

@@ -8,8 +8,10 @@ solver and the simulator (solvers/model.py) read it.  The memory columns use rot
 * ``grad_in``: the gradients over its input cut (``x`` less what requires no grad: a causal mask,
   token ids); ``grad_new``: what of them its backward allocates (of the values it reads: a value
   only flowing past it keeps the gradient a later stage gave it);
-  ``y_free``, ``skip_free``: the part of it, and of the skip value over the same cut, that no later
-  node saves (a region ending at the stage does not hold them);
+  ``y_free``: the part of it that no later node saves (a region ending at the stage does not hold
+  it); ``skip_parts``: the values made before the stage that flow over its output cut too (a
+  residual block's input), by the stage that made them (``SkipPart``: its ``free`` and ``keep``
+  the shares no later node saves and that are kept matmul/conv/attention outputs);
 * ``xbar``: what the stage keeps when run with autograd on (saved tensors, and its output when a
   later stage saves it); ``ylate``: the part of it only the next stage saves, freed after that
   stage's backward (the stage's own backward does not hold it);
@@ -83,8 +85,6 @@ class ChainModel:
     btmp: tuple[int, ...]  # backward peak beyond the input gradient and parameter gradients
     param_grad: tuple[int, ...]  # bytes of parameter gradients its backward stores (to the step's end)
     fdis: tuple[int, ...]  # forward peak with nothing saved, output included (above the input)
-    skip: tuple[int, ...] = ()  # bytes of earlier values also flowing over the stage's output cut
-    skip_from: tuple[int, ...] = ()  # the last stage that produced one of them (-1: none)
     fwd_time: tuple[float, ...] = ()  # forward seconds (defaults to the FLOPs: one FLOP, one unit)
     keep_bytes: tuple[int, ...] = ()  # its matmul/conv/attention outputs: what a SAVE_COMPUTE region keeps of it
     keep_time: tuple[float, ...] = ()  # seconds a SAVE_COMPUTE recomputation skips
@@ -110,11 +110,10 @@ class ChainModel:
     # whether the backward reads a tensor the stage saved: a region none of whose stages is read so
     # (dead code, ops no gradient flows through) is never recomputed
     unpacked: tuple[bool, ...] = ()
-    # bytes of its output, and of the skip value over its output cut, that no later node saves:
-    # freed once read, so a region ending here holds only the rest (an 8-block MLP's plan of small
-    # regions was over-predicted by 20 MiB, resnet50's fine plan at every block's peak by 28 MiB)
+    # bytes of its output that no later node saves: freed once read, so a region ending here holds
+    # only the rest (an 8-block MLP's plan of small regions was over-predicted by 20 MiB, resnet50's
+    # fine plan at every block's peak by 28 MiB; the skip values' share is SkipPart.free)
     y_free: tuple[int, ...] = ()
-    skip_free: tuple[int, ...] = ()
     # bytes of its xbar that only the next stage saves (its output, read by that stage's backward
     # only): released after the next stage's backward, before its own (an 8-block MLP's GELU
     # output saved by the matmul after it: 10 MiB over-predicted at the GELU's backward)
@@ -125,19 +124,19 @@ class ChainModel:
     # residual stream's gradient again (Llama 4 x 64: 128 KiB over the step)
     grad_in: tuple[int, ...] = ()
     grad_new: tuple[int, ...] = ()
-    # bytes of its output, and of the skip value over its output cut, that are outputs of its
-    # matmul/conv/attention ops (in keep_bytes) and saved later: a SAVE_COMPUTE region holds them once
+    # bytes of its output that are outputs of its matmul/conv/attention ops (in keep_bytes) and saved
+    # later: a SAVE_COMPUTE region holds them once (the skip values' share is SkipPart.keep)
     y_keep: tuple[int, ...] = ()
-    skip_keep: tuple[int, ...] = ()
-    # the skip values over each cut by the stage that made them, a SkipPart each (empty: one part,
-    # the columns above): a region holds only those it made.  Counting every one with the last
-    # producer's, each Llama layer's region held the causal mask and rotary tables made before the
-    # first layer (7B shape, batch 8: 130 MiB a region, 4 GiB of a 38 GiB plan)
+    # the values made before the stage that also flow over its output cut (a residual block's
+    # input), by the stage that made them, a SkipPart each: a region holds only those it made.
+    # Counting every one with the last producer's, each Llama layer's region held the causal mask
+    # and rotary tables made before the first layer (7B shape, batch 8: 130 MiB a region, 4 GiB of
+    # a 38 GiB plan)
     skip_parts: tuple[tuple["SkipPart", ...], ...] = ()
     # bytes of its outputs that no node saves and repeated blocks all read (a causal mask), and the
     # stages reading them: alive to the last reader's forward, or, once a region over a reader holds
     # them as an input, to that first region's backward (solvers/model.py); the DP counts them for
-    # the whole step (stages.shared_unsaved)
+    # the whole step (pinned.shared_unsaved)
     pinned: tuple[int, ...] = ()
     pinned_readers: tuple[tuple[int, ...], ...] = ()
     # xfree by the first stage at or after this one that reads it, (stage, bytes) pairs (empty: all
@@ -151,12 +150,12 @@ class ChainModel:
 
     def __post_init__(self) -> None:
         n = len(self.fwd_flops)
-        defaults = {"skip": (0,) * n, "skip_from": (-1,) * n, "fwd_time": tuple(float(v) for v in self.fwd_flops),
+        defaults = {"fwd_time": tuple(float(v) for v in self.fwd_flops),
                     "keep_bytes": (0,) * n, "keep_time": (0.0,) * n, "xfree": (0,) * n, "selective_time": (0.0,) * n,
                     "keep_refused": ("",) * n, "bwd_flops": (0,) * n, "saves": (True,) * n,
                     "tail_time": (0.0,) * n, "tail_flops": (0,) * n, "tail_keep": (0,) * n, "early_stop": (True,) * n,
                     "unpacked": (True,) * n, "y_free": (0,) * n,
-                    "skip_free": (0,) * n, "ylate": (0,) * n, "y_keep": (0,) * n, "skip_keep": (0,) * n,
+                    "ylate": (0,) * n, "y_keep": (0,) * n, "skip_parts": ((),) * n,
                     "pinned": (0,) * n, "pinned_readers": ((),) * n, "rng_state": (0,) * n}
         for name, value in defaults.items():
             if not getattr(self, name):
@@ -208,22 +207,20 @@ class ChainModel:
                 backward_peak = max(backward_peak, held + self.btmp[i] + self.grad_new[i] + self.param_grad[i])
                 held += self.grad_in[i] + self.param_grad[i] - self.xbar[i] + self.ylate[i] - self.delta(i)
             param_grad = sum(self.param_grad[a:b])
-            fdis = max([self.fdis[a]] + [self.y[i - 1] + self.skip[i - 1] + sum(self.keep_bytes[a:i]) + self.fdis[i]
+            fdis = max([self.fdis[a]] + [self.y[i - 1] + self.skip(i - 1) + sum(self.keep_bytes[a:i]) + self.fdis[i]
                                          for i in range(a + 1, b)])
             saves, tail_time, tail_flops, tail_keep = after_last_save(
                 zip(self.saves[a:b], self.tail_time[a:b], self.tail_flops[a:b], self.tail_keep[a:b]))
             return dict(
                 saves=saves, tail_time=tail_time, tail_flops=tail_flops, tail_keep=tail_keep, early_stop=all(self.early_stop[a:b]),
-                unpacked=any(self.unpacked[a:b]), y_free=self.y_free[b - 1], skip_free=self.skip_free[b - 1],
-                y_keep=self.y_keep[b - 1], skip_keep=self.skip_keep[b - 1], skip_parts=remap(self.parts(b - 1)),
+                unpacked=any(self.unpacked[a:b]), y_free=self.y_free[b - 1],
+                y_keep=self.y_keep[b - 1], skip_parts=remap(self.parts(b - 1)),
                 pinned=sum(self.pinned[a:b]), xfree_parts=self._merged_xfree(a, where), rng_state=max(self.rng_state[a:b]),
                 pinned_readers=tuple(sorted({where[r] for i in range(a, b) for r in self.pinned_readers[i]
                                              if where[r] != where[a]})),
                 ylate=self.ylate[b - 1],
                 fwd_flops=sum(self.fwd_flops[a:b]), x=self.x[a], grad_in=self.grad_in[a], grad_new=self.grad_new[a], y=self.y[b - 1], xbar=kept, ftmp=max(0, forward_peak - kept),
-                btmp=backward_peak - self.grad_new[a] - param_grad, param_grad=param_grad, fdis=fdis, skip=self.skip[b - 1],
-                # skip producers are indices of this model: map them to merged stages
-                skip_from=where.get(self.skip_from[b - 1], -1) if self.skip_from[b - 1] >= 0 else -1,
+                btmp=backward_peak - self.grad_new[a] - param_grad, param_grad=param_grad, fdis=fdis,
                 fwd_time=sum(self.fwd_time[a:b]), keep_bytes=sum(self.keep_bytes[a:b]), keep_time=sum(self.keep_time[a:b]), xfree=self.xfree[a],
                 selective_time=sum(self.selective_time[a:b]),
                 keep_refused=next((r for r in self.keep_refused[a:b] if r), ""), bwd_flops=sum(self.bwd_flops[a:b]))
@@ -250,9 +247,11 @@ class ChainModel:
 
     def parts(self, i: int) -> tuple["SkipPart", ...]:
         """The skip values over stage i's output cut, by the stage that made them."""
-        if self.skip_parts:
-            return self.skip_parts[i]
-        return (SkipPart(self.skip_from[i], self.skip[i], self.skip_free[i], self.skip_keep[i]),) if self.skip[i] else ()
+        return self.skip_parts[i]
+
+    def skip(self, i: int) -> int:
+        """Bytes of the skip values over stage i's output cut."""
+        return sum(p.bytes for p in self.skip_parts[i])
 
     def made(self, start: int, i: int) -> "SkipPart":
         """The skip values over stage i's output cut made by stages ``start..i``, summed."""

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 from torch import fx
 
-from ..profiler.node import META_KEY, NodeProfile
+from ..profiler.node import META_KEY, profile_of
 from .costs import ChainModel, SkipPart, after_last_save
+from .pinned import pinned_readers, shared_unsaved
 
 __all__ = ["Stage", "Chain", "linearize", "MIN_STAGE_FLOPS", "cut_depths", "module_path", "stage_modules"]
 
@@ -110,13 +111,6 @@ def cut_depths(gm: fx.GraphModule, chain: "Chain") -> list[int]:
     return [0] + [shared(paths[i - 1][1], paths[i][0]) for i in range(1, len(paths))]
 
 
-def _profile_of(node: fx.Node) -> NodeProfile:
-    prof = node.meta.get(META_KEY)
-    if prof is None:
-        raise ValueError(f"node {node.name} has no profile: run remat.profile (profile_graph) on the graph first")
-    return prof
-
-
 def _data_dependent(nodes: list[fx.Node], shared: set[str]) -> dict[fx.Node, bool]:
     """Whether a node's value depends on a non-shared input's data (else it is a mask, positions, ...)."""
     dep: dict[fx.Node, bool] = {}
@@ -132,7 +126,7 @@ def _data_dependent(nodes: list[fx.Node], shared: set[str]) -> dict[fx.Node, boo
 
 def _common(node: fx.Node, dependent: dict[fx.Node, bool]) -> bool:
     """May cross any cut: state, shared inputs and what derives only from them, or non-tensors."""
-    return not dependent[node] or not _profile_of(node).tensor_out
+    return not dependent[node] or not profile_of(node).tensor_out
 
 
 @dataclass(frozen=True)
@@ -147,7 +141,7 @@ class Cut:
 def cuts(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, split_blocks: bool = False) -> list[Cut]:
     """Where stages may end.  With ``split_blocks``, also inside residual and dense blocks: cuts
     that skip connections cross, as long as the node's own value flows on; the solvers account for
-    the earlier values that cross with it (``ChainModel.skip``)."""
+    the earlier values that cross with it (``ChainModel.skip_parts``)."""
     nodes = list(gm.graph.nodes)
     index = {node: i for i, node in enumerate(nodes)}
     dependent = _data_dependent(nodes, set(shared_inputs))
@@ -181,74 +175,33 @@ def cuts(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, split_blocks:
     return found
 
 
-def _instances(node: fx.Node) -> list[tuple[str, str]]:
-    """(path, type) of the modules a node's op runs in, outermost first (``nn_module_stack``)."""
-    stack = node.meta.get("nn_module_stack") or {}
-    return [(path, str(kind)) for path, kind in stack.values()
-            if isinstance(path, str) and not path.startswith("_empty_nn_module")]
-
-
-def _repeated(a: list[tuple[str, str]], b: list[tuple[str, str]]) -> bool:
-    """Whether two ops run in two instances of the same module type, siblings where their module
-    stacks part (two decoder layers' attention), not one module and a part of it."""
-    for (pa, ka), (pb, kb) in zip(a, b):
-        if pa != pb:
-            return ka == kb
-    return False
-
-
-def shared_unsaved(nodes: list[fx.Node], last_saved: dict[int, int]) -> frozenset[int]:
-    """Storages no node saves that repeated blocks all read (a causal mask every decoder layer's
-    attention reads): each region over a block holds it as an input until its backward, the first
-    such region longest, so it is counted once, alive the whole step, instead of once per region
-    (the stage model's ``pinned``).  A Llama 7B shape at batch 8 was over-predicted by 4 GiB of
-    38 GiB, its 128 MiB mask counted by each of 32 layer regions."""
-    readers: dict[int, list[list[tuple[str, str]]]] = {}
-    for n in nodes:
-        if n.op in ("placeholder", "get_attr", "output"):
-            continue
-        unsaved = [u for u in _profile_of(n).in_uids if u >= 0 and u not in last_saved]
-        where = _instances(n) if unsaved else None
-        for u in unsaved if where else ():
-            readers.setdefault(u, []).append(where)
-    return frozenset(u for u, found in readers.items()
-                     if any(_repeated(a, b) for i, a in enumerate(found) for b in found[i + 1:]))
-
-
-def _add_pinned_readers(nodes: list[fx.Node], rows: list[dict[str, object]], stage_of: dict[int, int],
-                        pinned: frozenset[int]) -> None:
-    """Per stage, the later stages reading the pinned values it made (``ChainModel.pinned_readers``)."""
-    made: dict[int, int] = {}
-    readers: dict[int, set[int]] = {}
-    for j, n in enumerate(nodes):
-        if j not in stage_of:
-            continue
-        prof = _profile_of(n)
-        for u in prof.out_uids & pinned:
-            made.setdefault(u, stage_of[j])
-        for u in prof.in_uids & pinned:
-            if u in made and stage_of[j] > made[u]:
-                readers.setdefault(made[u], set()).add(stage_of[j])
-    for i, row in enumerate(rows):
-        row["pinned_readers"] = tuple(sorted(readers.get(i, ())))
-
-
 def _uids(nodes: list[fx.Node], crossing: Iterable[int]) -> frozenset[int]:
-    return frozenset(u for j in crossing for u in _profile_of(nodes[j]).value_uids)
+    return frozenset(u for j in crossing for u in profile_of(nodes[j]).value_uids)
 
 
-def _costs(nodes: list[fx.Node], first: int, last: int, entry: frozenset[int],
-           exit_cut: tuple[int, ...], nbytes: dict[int, int], producer_stage: dict[int, int],
-           last_saved: dict[int, int], next_last: int, grads: frozenset[int],
-           kept_uids: frozenset[int], pinned: frozenset[int], resident: frozenset[int],
-           readers: dict[int, list[int]], stage_of: dict[int, int], rng_state: int) -> dict[str, object]:
+@dataclass(frozen=True)
+class _Graph:
+    """What every stage's costs read of the whole graph (built once per linearize)."""
+
+    nodes: list[fx.Node]
+    nbytes: dict[int, int]  # storage uid -> bytes
+    last_saved: dict[int, int]  # storage uid -> the last node index saving it
+    grads: frozenset[int]  # storages that require grad
+    kept_uids: frozenset[int]  # outputs of matmul/conv/attention ops
+    pinned: frozenset[int]  # storages counted for the whole step (pinned.shared_unsaved)
+    resident: frozenset[int]  # the inputs' storages
+    readers: dict[int, list[int]]  # storage uid -> the node indices reading it, ascending
+    stage_of: dict[int, int]  # node index -> its stage
+    rng_state: int  # bytes of the RNG state a region stashes when it draws random numbers
+
+
+def _costs(graph: _Graph, first: int, last: int, entry: frozenset[int], exit_cut: tuple[int, ...],
+           next_last: int) -> dict[str, object]:
     """Costs of nodes[first..last]: ``entry`` holds the storage uids flowing in, ``exit_cut`` the
-    node indices of the values flowing out, ``last_saved`` the last node that saves each storage,
-    ``grads`` the storages that require grad, ``kept_uids`` the outputs of matmul/conv/attention ops,
-    ``pinned`` the storages counted for the whole step (shared_unsaved), ``resident`` the inputs',
-    ``readers`` the nodes reading each storage (ascending), ``stage_of`` each node's stage,
-    ``rng_state`` the bytes of the RNG state a region stashes when it draws random numbers."""
-    profs = [_profile_of(n) for n in nodes[first:last + 1]]
+    node indices of the values flowing out, ``next_last`` the next stage's last node."""
+    nodes, nbytes, last_saved = graph.nodes, graph.nbytes, graph.last_saved
+    pinned, stage_of = graph.pinned, graph.stage_of
+    profs = [profile_of(n) for n in nodes[first:last + 1]]
     saved = {u for p in profs for u in p.saved_uids if u >= 0 and u not in entry}
     mine = [j for j in exit_cut if j >= first]
     skips = [j for j in exit_cut if j < first]
@@ -259,7 +212,7 @@ def _costs(nodes: list[fx.Node], first: int, last: int, entry: frozenset[int],
     # kept 150 MiB twice (each layer's reshaped matmul outputs) and its predicted step 15 % high.
     kept_output = {u for u in output if last_saved.get(u, -1) > last and u not in entry}
     # (the inputs' storages are resident, the pinned ones counted for the whole step: neither here)
-    counted = [u for u in entry if u >= 0 and u not in pinned and u not in resident]
+    counted = [u for u in entry if u >= 0 and u not in pinned and u not in graph.resident]
     unkept_input = sum(nbytes[u] for u in counted if last_saved.get(u, -1) < first)
     # values flowing in that no node ever saves: a region starting here is what keeps them alive
     xfree = sum(nbytes[u] for u in counted if u not in last_saved)
@@ -267,8 +220,8 @@ def _costs(nodes: list[fx.Node], first: int, last: int, entry: frozenset[int],
     by_reader: dict[int, int] = {}
     for u in counted:
         if u not in last_saved:
-            later = [r for r in readers.get(u, ()) if r >= first and r in stage_of]
-            stage = stage_of[later[0]] if later else producer_stage[last]  # (the output only: held)
+            later = [r for r in graph.readers.get(u, ()) if r >= first and r in stage_of]
+            stage = stage_of[later[0]] if later else stage_of[last]  # (the output only: held)
             by_reader[stage] = by_reader.get(stage, 0) + nbytes[u]
     skip_uids = {u for u in _uids(nodes, skips) if u >= 0} - output - pinned
     # values flowing out that no node ever saves: a region ending here does not hold them (an add
@@ -278,12 +231,10 @@ def _costs(nodes: list[fx.Node], first: int, last: int, entry: frozenset[int],
     # them with nothing in its xfree saying so: left held (resnet50's block inputs; dropping them
     # and widening xfree to match cost more plans than it won, the double count in between)
     y_free = sum(nbytes[u] for u in output if u not in last_saved and u not in entry)
-    skip_free = sum(nbytes[u] for u in skip_uids if u not in last_saved)
     # of what a region ending here holds, the outputs of matmul/conv/attention ops: a SAVE_COMPUTE
     # region's cache holds the same tensors, counted once (Llama 7B shape: the sdpa output ending
     # a region, 256 MiB counted twice)
-    y_keep = sum(nbytes[u] for u in output if u in kept_uids and u in last_saved and u not in entry)
-    skip_keep = sum(nbytes[u] for u in skip_uids if u in kept_uids and u in last_saved)
+    y_keep = sum(nbytes[u] for u in output if u in graph.kept_uids and u in last_saved and u not in entry)
     # kept outputs only the next stage saves (nodes[..next_last]): freed after its backward, before
     # this stage's (an activation's output saved by the matmul after it)
     ylate = sum(nbytes[u] for u in kept_output if u not in saved and last_saved[u] <= next_last)
@@ -292,25 +243,23 @@ def _costs(nodes: list[fx.Node], first: int, last: int, entry: frozenset[int],
     # and those the backward makes: of the values it reads (one only flowing past keeps the gradient
     # a later stage gave it)
     read = {u for p in profs for u in p.in_uids}
-    grad_in = sum(nbytes[u] for u in entry if u >= 0 and u in grads)
-    grad_new = sum(nbytes[u] for u in entry if u >= 0 and u in grads and u in read)
+    grad_in = sum(nbytes[u] for u in entry if u >= 0 and u in graph.grads)
+    grad_new = sum(nbytes[u] for u in entry if u >= 0 and u in graph.grads and u in read)
     y = sum(nbytes[u] for u in output)
-    skip = sum(nbytes[u] for u in skip_uids)
     # by the stage that made each (the earliest crossing value holding its storage: a view made
     # later does not make the storage)
     made_by: dict[int, int] = {}
     for j in skips:
-        for u in _profile_of(nodes[j]).value_uids:
+        for u in profile_of(nodes[j]).value_uids:
             if u in skip_uids:
-                stage = producer_stage.get(j, -1)
+                stage = stage_of.get(j, -1)
                 made_by[u] = min(made_by.get(u, stage), stage)
     parts: dict[int, SkipPart] = {}
     for u, stage in made_by.items():
         q = parts.get(stage, SkipPart(stage, 0))
         free = nbytes[u] if u not in last_saved else 0
-        keep = nbytes[u] if u in kept_uids and u in last_saved else 0
+        keep = nbytes[u] if u in graph.kept_uids and u in last_saved else 0
         parts[stage] = SkipPart(stage, q.bytes + nbytes[u], q.free + free, q.keep + keep)
-    skip_from = max((producer_stage.get(j, -1) for j in skips), default=-1)  # -1: an input
     xbar = sum(nbytes[u] for u in saved | kept_output)
     g = sum(p.param_grad for p in profs)
     # Peaks from the profile run's allocator timeline (it keeps everything, like a stage outside
@@ -336,12 +285,11 @@ def _costs(nodes: list[fx.Node], first: int, last: int, entry: frozenset[int],
     if not saves:  # the whole stage, at least MIN_STAGE_SECONDS like its forward
         tail_time, tail_flops = seconds, fwd
     made_here = {u for p in profs for u in p.out_uids}
-    return dict(fwd_flops=fwd, x=x, grad_in=grad_in, grad_new=grad_new, pinned=sum(nbytes[u] for u in pinned & made_here), y=y, y_free=y_free, skip_free=skip_free, y_keep=y_keep, skip_keep=skip_keep,
+    return dict(fwd_flops=fwd, x=x, grad_in=grad_in, grad_new=grad_new, pinned=sum(nbytes[u] for u in pinned & made_here), y=y, y_free=y_free, y_keep=y_keep,
                 skip_parts=tuple(sorted(parts.values())), ylate=ylate, xbar=xbar, ftmp=ftmp, btmp=btmp,
-                param_grad=g, fdis=fdis, skip=skip,
-                skip_from=skip_from, fwd_time=seconds, keep_bytes=sum(p.keep_bytes for p in profs), keep_time=keep_time,
+                param_grad=g, fdis=fdis, fwd_time=seconds, keep_bytes=sum(p.keep_bytes for p in profs), keep_time=keep_time,
                 xfree=xfree, xfree_parts=tuple(sorted(by_reader.items())),
-                rng_state=rng_state if any(p.random for p in profs) else 0, selective_time=sum(p.selective_time for p in profs), keep_refused=refused, bwd_flops=bwd,
+                rng_state=graph.rng_state if any(p.random for p in profs) else 0, selective_time=sum(p.selective_time for p in profs), keep_refused=refused, bwd_flops=bwd,
                 saves=saves, tail_time=min(seconds, tail_time), tail_flops=min(fwd, tail_flops),
                 tail_keep=sum(p.keep_bytes for p in profs) if not saves else tail_keep,
                 early_stop=not any(p.writes_saved for p in profs), unpacked=any(p.unpacked for p in profs))
@@ -363,9 +311,9 @@ def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, split_bl
     grads: set[int] = set()
     keeps: set[int] = set()
     for n in nodes:
-        nbytes.update(_profile_of(n).uid_bytes)
-        grads.update(_profile_of(n).grad_uids)
-        keeps.update(_profile_of(n).keep_uids)
+        nbytes.update(profile_of(n).uid_bytes)
+        grads.update(profile_of(n).grad_uids)
+        keeps.update(profile_of(n).keep_uids)
     found = cuts(gm, shared_inputs, split_blocks=split_blocks)
     compute = [i for i, n in enumerate(nodes) if n.op not in ("placeholder", "get_attr", "output")]
     if not compute:
@@ -379,31 +327,27 @@ def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, split_bl
             bounds.append((start, c.index, c.crossing))
             start = c.index + 1
     bounds.append((start, max(last_compute, start), (max(last_compute, start),)))
-    stages: list[Stage] = []
-    rows: list[dict[str, object]] = []
-    producer_stage: dict[int, int] = {}
     last_saved: dict[int, int] = {}
-    for i, n in enumerate(nodes):
-        for u in _profile_of(n).saved_uids:
-            last_saved[u] = i
-    entry = frozenset(u for n in nodes if n.op == "placeholder" for u in _profile_of(n).value_uids)
-    requiring = frozenset(grads)
-    pinned = shared_unsaved(nodes, last_saved)
-    resident = frozenset(entry)
-    stage_of = {j: i for i, (first, last, _) in enumerate(bounds) for j in range(first, last + 1)}
     readers: dict[int, list[int]] = {}
     for j, n in enumerate(nodes):
-        for u in _profile_of(n).in_uids:
+        for u in profile_of(n).saved_uids:
+            last_saved[u] = j
+        for u in profile_of(n).in_uids:
             readers.setdefault(u, []).append(j)
+    entry = frozenset(u for n in nodes if n.op == "placeholder" for u in profile_of(n).value_uids)
+    stage_of = {j: i for i, (first, last, _) in enumerate(bounds) for j in range(first, last + 1)}
+    pinned = shared_unsaved(nodes, last_saved)
+    graph = _Graph(nodes, nbytes, last_saved, frozenset(grads), frozenset(keeps), pinned, entry, readers,
+                   stage_of, rng_state)
+    stages: list[Stage] = []
+    rows: list[dict[str, object]] = []
     for i, (first, last, crossing) in enumerate(bounds):
-        for j in range(first, last + 1):
-            producer_stage[j] = i
         stages.append(Stage(i, first, last, tuple(n.name for n in nodes[first:last + 1])))
         next_last = bounds[i + 1][1] if i + 1 < len(bounds) else last
-        rows.append(_costs(nodes, first, last, entry, crossing, nbytes, producer_stage, last_saved, next_last,
-                           requiring, frozenset(keeps), pinned, resident, readers, stage_of, rng_state))
+        rows.append(_costs(graph, first, last, entry, crossing, next_last))
         entry = _uids(nodes, crossing)
-    _add_pinned_readers(nodes, rows, producer_stage, pinned)
+    for row, later in zip(rows, pinned_readers(nodes, stage_of, pinned, len(rows))):
+        row["pinned_readers"] = later
     end = rows[-1]
     # the output is alive until the loss has read it (xbar leaves it out: nothing saves it)
     end.update(ftmp=max(end["ftmp"], end["y"] + loss_peak), fdis=max(end["fdis"], end["y"] + loss_peak),

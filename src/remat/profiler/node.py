@@ -24,7 +24,7 @@ from .timing import Machine, op_seconds
 from .timing import machine as _machine
 from ..trace.modes import MODES_KEY, entered
 
-__all__ = ["NodeProfile", "NodeProfiler"]
+__all__ = ["NodeProfile", "NodeProfiler", "profile_of"]
 
 META_KEY = "remat"
 
@@ -106,6 +106,14 @@ class NodeProfile:
     bwd_order: int = field(default=-1, repr=False)  # position of its first backward hook (-1: none)
     bwd_mark: int = field(default=0, repr=False)  # allocated when its backward starts
     bwd_peak_mark: int = field(default=0, repr=False)  # highest during its backward
+
+
+def profile_of(node: fx.Node) -> "NodeProfile":
+    """The profile NodeProfiler stored on a node (an error naming the node if it was never profiled)."""
+    prof = node.meta.get(META_KEY)
+    if prof is None:
+        raise ValueError(f"node {node.name} has no profile: run remat.profile (profile_graph) on the graph first")
+    return prof
 
 
 def _target_name(node: fx.Node) -> str:

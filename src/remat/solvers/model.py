@@ -5,11 +5,11 @@ This is the execution model of nested non-reentrant ``torch.utils.checkpoint`` o
 
 * forward of a stage outside any region keeps ``xbar`` (its saved tensors and output);
 * a region's forward keeps only its output, less what no later node saves (``y_free``,
-  ``skip_free``: read by what follows and gone): inside, each stage holds its input and peaks at
+  ``SkipPart.free``: read by what follows and gone): inside, each stage holds its input and peaks at
   ``fdis`` above it while it runs, and intermediate outputs are freed at once;
 * a region that keeps its expensive ops' outputs (policy SAVE_COMPUTE, torch's selective
   checkpointing) also keeps each stage's ``keep_bytes`` through the forward, its output counted once
-  where it is one of them (``y_keep``, ``skip_keep``: the same tensor), those its recomputation
+  where it is one of them (``y_keep``, ``SkipPart.keep``: the same tensor), those its recomputation
   never reaches (after its last save: ``cached_tail``) to the end of its backward; its recomputation runs
   every stage kept (no regions inside), reusing those outputs, and costs only ``fwd_time - keep_time``;
 * a SAVE_COMPUTE region inside a plain one keeps its ``keep_bytes`` from the outer forward to the
