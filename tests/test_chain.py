@@ -70,7 +70,8 @@ def test_the_stage_model_keeps_what_the_step_keeps(spec):
     seq 256 was 3 x 128 KiB over), a region holding only the inputs it reads, the residual's
     gradient not made again by a stage it only flows past (128 KiB), a keeping region's output
     held once with its cache, the kept outputs past its recomputation's early stop held to its
-    backward (16 KiB under), the RNG state a GPT-2 region with dropout stashes (5 KB a region).
+    backward (16 KiB under), the RNG state a GPT-2 region with dropout stashes (5 KB a region), and
+    not the region's output when it is a view of a value made inside it that nothing saves.
     Regions nested in others stay bounds: an input both hold is counted twice (a Llama layer's
     residual, 128 KiB over), the RNG state a nested region stashes in the outer's forward is not
     counted (5 KB a region with dropout, CPU steps only), and a keeping region nested in a plain one
@@ -81,6 +82,7 @@ def test_the_stage_model_keeps_what_the_step_keeps(spec):
 
     from remat.chain import stage_modules
     from remat.planner import apply_regions, prepare
+    from remat.profiler.node import profile_of
     from remat.solvers.base import SAVE_COMPUTE, Region
     from remat.solvers.model import evaluate
     from remat.zoo import build
@@ -96,8 +98,15 @@ def test_the_stage_model_keeps_what_the_step_keeps(spec):
             layers.setdefault(found.group(1), []).append(i)
     spans = sorted((min(s), max(s) + 1) for s in layers.values())
     assert len(spans) == int(re.search(r"layers=(\d+)", spec).group(1))
+    # per layer, a region ending at a stage that only views a value made inside the region that no
+    # node saves (GPT-2's attention output projection, reshaped): freed once read, as a region's own
+    # output is (GPT-2 6 x 512 at seq 256: 4 MiB over per region, 16 MiB over a rotor plan)
+    model, nodes = level.exact, list(problem.gm.graph.nodes)
+    views = [next(i for i in range(s + 1, e) if model.y_free[i] and not any(
+        profile_of(n).out_uids for n in nodes[level.chain.stages[i].first:level.chain.stages[i].last + 1]))
+        for s, e in spans]
     exact = [(), tuple(Region(s, e) for s, e in spans), tuple(Region(s, e, (), SAVE_COMPUTE) for s, e in spans),
-             tuple(Region((s + e) // 2, e) for s, e in spans)]
+             tuple(Region((s + e) // 2, e) for s, e in spans), tuple(Region(s, v + 1) for (s, _), v in zip(spans, views))]
     bound = [tuple(Region(s, e, (Region((s + e) // 2, e),)) for s, e in spans),
              tuple(Region(s, e, (Region(s, (s + e) // 2, (), SAVE_COMPUTE),)) for s, e in spans)]
     for regions in exact + bound:

@@ -192,6 +192,7 @@ class _Graph:
     resident: frozenset[int]  # the inputs' storages
     readers: dict[int, list[int]]  # storage uid -> the node indices reading it, ascending
     stage_of: dict[int, int]  # node index -> its stage
+    maker: dict[int, int]  # storage uid -> the node index that allocated it (absent: an input)
     rng_state: int  # bytes of the RNG state a region stashes when it draws random numbers
 
 
@@ -230,7 +231,7 @@ def _costs(graph: _Graph, first: int, last: int, entry: frozenset[int], exit_cut
     # saved only inside the region are not held either, but a region starting next would hold
     # them with nothing in its xfree saying so: left held (resnet50's block inputs; dropping them
     # and widening xfree to match cost more plans than it won, the double count in between)
-    y_free = sum(nbytes[u] for u in output if u not in last_saved and u not in entry)
+    y_free = sum(nbytes[u] for u in output if u not in last_saved)
     # of what a region ending here holds, the outputs of matmul/conv/attention ops: a SAVE_COMPUTE
     # region's cache holds the same tensors, counted once (Llama 7B shape: the sdpa output ending
     # a region, 256 MiB counted twice)
@@ -246,14 +247,9 @@ def _costs(graph: _Graph, first: int, last: int, entry: frozenset[int], exit_cut
     grad_in = sum(nbytes[u] for u in entry if u >= 0 and u in graph.grads)
     grad_new = sum(nbytes[u] for u in entry if u >= 0 and u in graph.grads and u in read)
     y = sum(nbytes[u] for u in output)
-    # by the stage that made each (the earliest crossing value holding its storage: a view made
-    # later does not make the storage)
-    made_by: dict[int, int] = {}
-    for j in skips:
-        for u in profile_of(nodes[j]).value_uids:
-            if u in skip_uids:
-                stage = stage_of.get(j, -1)
-                made_by[u] = min(made_by.get(u, stage), stage)
+    # by the stage that made each storage (an alias made later, a no-op ``to``, does not: counting
+    # it made there, a Llama region starting at the alias held the residual its producer keeps)
+    made_by = {u: stage_of.get(graph.maker.get(u, -1), -1) for u in skip_uids}
     parts: dict[int, SkipPart] = {}
     for u, stage in made_by.items():
         q = parts.get(stage, SkipPart(stage, 0))
@@ -336,9 +332,13 @@ def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, split_bl
             readers.setdefault(u, []).append(j)
     entry = frozenset(u for n in nodes if n.op == "placeholder" for u in profile_of(n).value_uids)
     stage_of = {j: i for i, (first, last, _) in enumerate(bounds) for j in range(first, last + 1)}
+    maker: dict[int, int] = {}
+    for j, n in enumerate(nodes):
+        for u in profile_of(n).out_uids:
+            maker.setdefault(u, j)
     pinned = shared_unsaved(nodes, last_saved)
     graph = _Graph(nodes, nbytes, last_saved, frozenset(grads), frozenset(keeps), pinned, entry, readers,
-                   stage_of, rng_state)
+                   stage_of, maker, rng_state)
     stages: list[Stage] = []
     rows: list[dict[str, object]] = []
     for i, (first, last, crossing) in enumerate(bounds):

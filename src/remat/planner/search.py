@@ -244,7 +244,7 @@ def _loosen(problem: Problem, solver: Solver, budget_bytes: int, limit: int, fou
         # nothing clearly better to verify
         fits = got is None or got[2].recompute >= best.cost.recompute * (1 - TIE)
         # nor one the stage model puts over the budget by more than twice its error on ``found``
-        # (its error varies between plans: GPT-2 on meta, 4 and 8 MiB): it counts as an overshoot
+        # (its error varies between plans: 0 to 2 MiB on GPT-2 and Llama on meta): it counts as an overshoot
         if not fits and margin.budget_for(problem.resident + got[2].peak - 2 * max(0, over)) <= budget_bytes:
             level, regions, cost = got
             gm = apply_regions(problem, regions, level.name)
