@@ -261,12 +261,17 @@ def _costs(graph: _Graph, first: int, last: int, entry: frozenset[int], exit_cut
     # Peaks from the profile run's allocator timeline (it keeps everything, like a stage outside
     # any region): the forward above the stage's start, the backward above its first hook.
     ftmp = max(0, max(p.fwd_peak_mark for p in profs) - profs[0].fwd_mark - xbar) + unkept_input
+    # Negative where the backward allocates less than its input's gradient and its parameter
+    # gradients: a stage that only aliases its input (vit's Dropout(p=0.0) returns its input;
+    # a view's gradient is a view) passes the gradient it is given on, and one with no backward
+    # at all allocates nothing (clamped at 0, vit_b_16's step with no region was modeled 16 MiB
+    # high: the GELU output's gradient made again at the dropout after it)
     ran = [p for p in profs if p.bwd_order >= 0]
     if ran:
         base = min(ran, key=lambda p: p.bwd_order).bwd_mark
-        btmp = max(0, max(p.bwd_peak_mark for p in ran) - base - grad_new - g)
+        btmp = max(p.bwd_peak_mark for p in ran) - base - grad_new - g
     else:
-        btmp = 0
+        btmp = -grad_new - g
     # With nothing saved, a node holds the stage-internal values it reads and its own output.
     made = {u for p in profs for u in p.out_uids}
     fdis = max([y] + [sum(nbytes[u] for u in p.in_uids & made) + p.fwd_out + p.fwd_transient for p in profs])
