@@ -60,7 +60,7 @@ def random_model(n: int, rng: random.Random) -> ChainModel:
     frees = random.Random(hash((model.fwd_flops, model.y)))
     y_free = tuple(frees.choice([0, y[i], frees.randint(0, y[i])]) for i in range(n))
     skip_free = tuple(frees.choice([0, skip[i], frees.randint(0, skip[i])]) for i in range(n))
-    # what only the next stage saves of its xbar, released after that stage's backward
+    # what only later stages save of its xbar, released after their backward
     ylate = tuple(frees.choice([0, min(y[i], xbar[i]), frees.randint(0, min(y[i], xbar[i]))]) for i in range(n))
     parts = tuple((SkipPart(skip_from[i], skip[i], skip_free[i]),) if skip[i] else () for i in range(n))
     model = replace(model, keep_refused=refused, tail_time=tail, y_free=y_free, skip_parts=parts, ylate=ylate)

@@ -13,8 +13,8 @@ solver and the simulator (solvers/model.py) read it.  The memory columns use rot
   residual block's input), by the stage that made them (``SkipPart``: its ``free`` and ``keep``
   the shares no later node saves and that are kept matmul/conv/attention outputs);
 * ``xbar``: what the stage keeps when run with autograd on (saved tensors, and its output when a
-  later stage saves it); ``ylate``: the part of it only the next stage saves, freed after that
-  stage's backward (the stage's own backward does not hold it);
+  later stage saves it); ``ylate``: the part of it only later stages save, freed after their
+  backward (the stage's own backward does not hold it);
 * ``ftmp``: the peak of its forward with autograd on, beyond ``xbar``; ``btmp``: the peak of its
   backward beyond its input's gradient and its parameter gradients;
 * ``fdis``: the peak of its forward with nothing saved (inside a region), output included.
@@ -114,9 +114,10 @@ class ChainModel:
     # only the rest (an 8-block MLP's plan of small regions was over-predicted by 20 MiB, resnet50's
     # fine plan at every block's peak by 28 MiB; the skip values' share is SkipPart.free)
     y_free: tuple[int, ...] = ()
-    # bytes of its xbar that only the next stage saves (its output, read by that stage's backward
-    # only): released after the next stage's backward, before its own (an 8-block MLP's GELU
-    # output saved by the matmul after it: 10 MiB over-predicted at the GELU's backward)
+    # bytes of its xbar that only later stages save (its output, read by their backward only):
+    # released after their backward, before its own (an 8-block MLP's GELU output saved by the
+    # matmul after it: 10 MiB over-predicted at the GELU's backward; vit_b_16's, saved past a
+    # Dropout(p=0.0), 16 MiB while only the next stage's saves counted)
     ylate: tuple[int, ...] = ()
     # gradient bytes over its input cut, and what its backward allocates of them (default: x both).
     # With x, the causal mask of a Llama (b x s x s, 128 MiB at batch 8, seq 4096) had a gradient

@@ -196,10 +196,9 @@ class _Graph:
     rng_state: int  # bytes of the RNG state a region stashes when it draws random numbers
 
 
-def _costs(graph: _Graph, first: int, last: int, entry: frozenset[int], exit_cut: tuple[int, ...],
-           next_last: int) -> dict[str, object]:
+def _costs(graph: _Graph, first: int, last: int, entry: frozenset[int], exit_cut: tuple[int, ...]) -> dict[str, object]:
     """Costs of nodes[first..last]: ``entry`` holds the storage uids flowing in, ``exit_cut`` the
-    node indices of the values flowing out, ``next_last`` the next stage's last node."""
+    node indices of the values flowing out."""
     nodes, nbytes, last_saved = graph.nodes, graph.nbytes, graph.last_saved
     pinned, stage_of = graph.pinned, graph.stage_of
     profs = [profile_of(n) for n in nodes[first:last + 1]]
@@ -236,9 +235,9 @@ def _costs(graph: _Graph, first: int, last: int, entry: frozenset[int], exit_cut
     # region's cache holds the same tensors, counted once (Llama 7B shape: the sdpa output ending
     # a region, 256 MiB counted twice)
     y_keep = sum(nbytes[u] for u in output if u in graph.kept_uids and u in last_saved and u not in entry)
-    # kept outputs only the next stage saves (nodes[..next_last]): freed after its backward, before
-    # this stage's (an activation's output saved by the matmul after it)
-    ylate = sum(nbytes[u] for u in kept_output if u not in saved and last_saved[u] <= next_last)
+    # kept outputs only later stages save: freed after their backward, before this stage's (an
+    # activation's output saved by the matmul after it, or past a stage that only aliases it)
+    ylate = sum(nbytes[u] for u in kept_output if u not in saved)
     x = sum(nbytes[u] for u in entry if u >= 0)
     # the gradients over the input cut: of the values that require grad (no mask, no token ids);
     # and those the backward makes: of the values it reads (one only flowing past keeps the gradient
@@ -348,8 +347,7 @@ def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, split_bl
     rows: list[dict[str, object]] = []
     for i, (first, last, crossing) in enumerate(bounds):
         stages.append(Stage(i, first, last, tuple(n.name for n in nodes[first:last + 1])))
-        next_last = bounds[i + 1][1] if i + 1 < len(bounds) else last
-        rows.append(_costs(graph, first, last, entry, crossing, next_last))
+        rows.append(_costs(graph, first, last, entry, crossing))
         entry = _uids(nodes, crossing)
     for row, later in zip(rows, pinned_readers(nodes, stage_of, pinned, len(rows))):
         row["pinned_readers"] = later

@@ -22,8 +22,8 @@ This is the execution model of nested non-reentrant ``torch.utils.checkpoint`` o
   inputs when called, and runs its own recomputation later) -- the memory counted is the full
   re-run's (a bound); a region whose saved tensors the backward never reads (dead code, no
   gradient through it) is not re-run at all (the DP charges it, a bound);
-* the backward of a stage needs ``xbar`` (less ``ylate``, what only the next stage saved, released
-  after that stage's backward) and the gradient of its output, produces the gradient of
+* the backward of a stage needs ``xbar`` (less ``ylate``, what only later stages saved, released
+  after their backward) and the gradient of its output, produces the gradient of
   its input (``grad_in`` bytes, what requires grad; ``grad_new`` of them new, the rest only flowing
   past it) and its parameter gradients (``param_grad``), which stay to the end of the step.
 
@@ -208,7 +208,7 @@ class _Machine:
                 if item.policy == FULL:
                     self.cur -= kept
             else:
-                self.cur -= m.ylate[item]  # what only the next stage saved: its backward is done
+                self.cur -= m.ylate[item]  # what only later stages saved: their backward is done
                 self._touch(m.btmp[item] + m.grad_new[item] + m.param_grad[item])
                 self.cur += m.grad_in[item] + m.param_grad[item] - m.xbar[item] + m.ylate[item] - m.delta(item)
 

@@ -131,7 +131,7 @@ def solve_table(model: ChainModel, memory: int, slots: int = DEFAULT_SLOTS, sele
     s_idx, t_idx = idx[:, None], idx[None, :]
     # forward of stage s with everything kept; backward of a lone stage
     fwd_keep = _ceil(ftmp + xbar, slot)
-    # (what only the next stage saved, ylate, is released by then: its backward came first)
+    # (what only later stages saved, ylate, is released by then: its backward came first)
     late = col(model.ylate)
     bwd_alone = _ceil(xbar - late + btmp + gnew + g, slot)
     # backward of s after s+1..t: xbar_s, grad of s's output, grads of s+1..t, minus consumed delta_t
