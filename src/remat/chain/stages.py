@@ -284,8 +284,7 @@ def _costs(graph: _Graph, first: int, last: int, entry: frozenset[int], exit_cut
         (p.saves, p.tail_time, p.tail_flops, p.tail_keep) for p in profs)
     if not saves:  # the whole stage, at least MIN_STAGE_SECONDS like its forward
         tail_time, tail_flops = seconds, fwd
-    made_here = {u for p in profs for u in p.out_uids}
-    return dict(fwd_flops=fwd, x=x, grad_in=grad_in, grad_new=grad_new, pinned=sum(nbytes[u] for u in pinned & made_here), y=y, y_free=y_free, y_keep=y_keep,
+    return dict(fwd_flops=fwd, x=x, grad_in=grad_in, grad_new=grad_new, pinned=sum(nbytes[u] for u in pinned & made), y=y, y_free=y_free, y_keep=y_keep,
                 skip_parts=tuple(sorted(parts.values())), ylate=ylate, xbar=xbar, ftmp=ftmp, btmp=btmp,
                 param_grad=g, fdis=fdis, fwd_time=seconds, keep_bytes=sum(p.keep_bytes for p in profs), keep_time=keep_time,
                 xfree=xfree, xfree_parts=tuple(sorted(by_reader.items())),
@@ -329,17 +328,17 @@ def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, split_bl
     bounds.append((start, max(last_compute, start), (max(last_compute, start),)))
     last_saved: dict[int, int] = {}
     readers: dict[int, list[int]] = {}
-    for j, n in enumerate(nodes):
-        for u in profile_of(n).saved_uids:
-            last_saved[u] = j
-        for u in profile_of(n).in_uids:
-            readers.setdefault(u, []).append(j)
-    entry = frozenset(u for n in nodes if n.op == "placeholder" for u in profile_of(n).value_uids)
-    stage_of = {j: i for i, (first, last, _) in enumerate(bounds) for j in range(first, last + 1)}
     maker: dict[int, int] = {}
     for j, n in enumerate(nodes):
-        for u in profile_of(n).out_uids:
+        prof = profile_of(n)
+        for u in prof.saved_uids:
+            last_saved[u] = j
+        for u in prof.in_uids:
+            readers.setdefault(u, []).append(j)
+        for u in prof.out_uids:
             maker.setdefault(u, j)
+    entry = frozenset(u for n in nodes if n.op == "placeholder" for u in profile_of(n).value_uids)
+    stage_of = {j: i for i, (first, last, _) in enumerate(bounds) for j in range(first, last + 1)}
     pinned = shared_unsaved(nodes, last_saved)
     graph = _Graph(nodes, nbytes, last_saved, frozenset(grads), frozenset(keeps), pinned, entry, readers,
                    stage_of, maker, rng_state)
