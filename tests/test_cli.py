@@ -87,7 +87,9 @@ def test_profile_explains_its_columns_and_top_sorts_as_its_help_says(run_remat):
 def test_an_infeasible_fraction_offers_the_floor_and_min_plans_there(run_remat):
     done = run_remat("plan", "mlp", "--batch", "2", "--budget", "5%")
     assert done.returncode == 1 and done.stdout == "", done.stderr
-    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    # one line of error; a busy machine may add one line of warning before it, never more
+    error = [line for line in done.stderr.splitlines() if not line.startswith("remat: warning: ")]
+    assert len(error) == 1 and "Traceback" not in done.stderr, done.stderr
     assert "below what checkpointing can reach for mlp at batch 2" in done.stderr and "--budget min" in done.stderr
     done = run_remat("plan", "mlp", "--batch", "2", "--budget", "min")
     assert done.returncode == 0, done.stderr
@@ -173,3 +175,21 @@ def test_the_same_plan_with_a_cleared_and_a_warm_cache(run_remat, tmp_path):
     assert regions[0] and regions[0] == regions[1]
     measured = [int(re.search(r"; (\d+) new op signatures measured", done.stdout).group(1)) for done in runs]
     assert measured[0] > 0 and measured[1] == 0
+
+
+def test_remats_warnings_reach_the_command_line_as_one_line_each():
+    """A RematWarning printed by the CLI is one line a user reads, not Python's path, line number and
+    source excerpt (a busy machine's warning once made an error two lines long); other warnings
+    keep Python's format."""
+    import io
+
+    from remat.cli.main import _show_warning
+    from remat.errors import RematWarning
+
+    out = io.StringIO()
+    _show_warning(RematWarning("remat: the machine is busy:\n  plan on an idle machine"), RematWarning,
+                  "calibrate.py", 299, out)
+    assert out.getvalue() == "remat: warning: the machine is busy: plan on an idle machine\n"
+    out = io.StringIO()
+    _show_warning(DeprecationWarning("old"), DeprecationWarning, "x.py", 7, out)
+    assert "x.py:7: DeprecationWarning: old" in out.getvalue()

@@ -11,6 +11,7 @@ import argparse
 import logging
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -177,8 +178,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """remat's own warnings as one line each (``remat: warning: ...``), not Python's file, line and
+    source excerpt: they speak to the command's user, and an error stays the last line."""
+    from ..errors import RematWarning
+
+    if issubclass(category, RematWarning):
+        text = " ".join(str(message).split()).removeprefix("remat: ")
+        text = f"remat: warning: {text}\n"
+    else:
+        text = warnings.formatwarning(message, category, filename, lineno, line)
+    (file or sys.stderr).write(text)
+
+
 def _configure(args: argparse.Namespace) -> None:
-    """Progress on a terminal unless -q; -v: remat's DEBUG log on stderr (remat's logger only)."""
+    """Progress on a terminal unless -q; -v: remat's DEBUG log on stderr (remat's logger only);
+    remat's warnings one line each."""
+    warnings.showwarning = _show_warning
     if args.verbose:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("remat: %(relativeCreated)7.0f ms %(name)s: %(message)s"))
