@@ -23,6 +23,7 @@ The other columns keep the names the node profiles use (``fwd_time``, ``keep_byt
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from enum import Enum
@@ -71,6 +72,10 @@ class SkipPart(NamedTuple):
     bytes: int
     free: int = 0
     keep: int = 0
+
+    def plus(self, other: "SkipPart") -> "SkipPart":
+        """Both parts' values, counted as made by this part's producer."""
+        return SkipPart(self.producer, self.bytes + other.bytes, self.free + other.free, self.keep + other.keep)
 
 
 @dataclass(frozen=True)
@@ -192,8 +197,7 @@ class ChainModel:
             by: dict[int, SkipPart] = {}
             for p in parts:
                 g = where.get(p.producer, -1) if p.producer >= 0 else -1
-                q = by.get(g, SkipPart(g, 0))
-                by[g] = SkipPart(g, q.bytes + p.bytes, q.free + p.free, q.keep + p.keep)
+                by[g] = by.get(g, SkipPart(g, 0)).plus(p)
             return tuple(by.values())
 
         def merge(a: int, b: int) -> dict[str, int | float]:
@@ -256,8 +260,7 @@ class ChainModel:
 
     def made(self, start: int, i: int) -> "SkipPart":
         """The skip values over stage i's output cut made by stages ``start..i``, summed."""
-        mine = [p for p in self.parts(i) if p.producer >= start]
-        return SkipPart(start, sum(p.bytes for p in mine), sum(p.free for p in mine), sum(p.keep for p in mine))
+        return functools.reduce(SkipPart.plus, (p for p in self.parts(i) if p.producer >= start), SkipPart(start, 0))
 
     def out(self, start: int, i: int) -> int:
         """Bytes a region starting at ``start`` holds after stage i, running: its output, and the

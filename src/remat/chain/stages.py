@@ -251,10 +251,9 @@ def _costs(graph: _Graph, first: int, last: int, entry: frozenset[int], exit_cut
     made_by = {u: stage_of.get(graph.maker.get(u, -1), -1) for u in skip_uids}
     parts: dict[int, SkipPart] = {}
     for u, stage in made_by.items():
-        q = parts.get(stage, SkipPart(stage, 0))
         free = nbytes[u] if u not in last_saved else 0
         keep = nbytes[u] if u in graph.kept_uids and u in last_saved else 0
-        parts[stage] = SkipPart(stage, q.bytes + nbytes[u], q.free + free, q.keep + keep)
+        parts[stage] = parts.get(stage, SkipPart(stage, 0)).plus(SkipPart(stage, nbytes[u], free, keep))
     xbar = sum(nbytes[u] for u in saved | kept_output)
     g = sum(p.param_grad for p in profs)
     # Peaks from the profile run's allocator timeline (it keeps everything, like a stage outside
