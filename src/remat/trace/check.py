@@ -67,6 +67,13 @@ def _cut(tree: Any, batch: int, keep: int) -> Any:
 _HALF = (torch.float16, torch.bfloat16)
 
 
+def _half_autocast() -> bool:
+    """Whether an autocast to a half dtype is on around the check (accelerate's or the Trainer's
+    bf16): float32 tensors then compute in bf16, and two traces of the same ops round differently
+    (a PEFT LoRA adapter's gradient differed by 0.05-0.5 at fp32's tolerance, PEFT + Trainer bf16)."""
+    return any(torch.is_autocast_enabled(d) and torch.get_autocast_dtype(d) in _HALF for d in ("cpu", "cuda"))
+
+
 def _tolerance(t: torch.Tensor, half: bool = False) -> tuple[float, float]:
     """(rtol, atol) for comparing two runs of the same ops: float32 sums may be reordered.
     ``half``: the step computes in half precision somewhere (a bf16 base model with float32
@@ -163,7 +170,7 @@ def check_trace(model: torch.nn.Module, traced: torch.nn.Module, args: tuple, kw
     tensors = [t for t in (*model.parameters(), *model.buffers(), *tree_flatten((args, kwargs))[0])
                if isinstance(t, torch.Tensor)]
     fake = FakeSession.for_call(model, args, kwargs) if any(t.device.type == "meta" for t in tensors) else None
-    half = any(t.dtype in _HALF for t in tensors)
+    half = any(t.dtype in _HALF for t in tensors) or _half_autocast()
     batch = _batch(args, kwargs)
     tries = [(args, kwargs)]
     if fake is None and batch is not None and batch > CHECK_BATCH:
