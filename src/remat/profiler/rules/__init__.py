@@ -32,11 +32,8 @@ numbers); ``python -m remat.profiler.docs --memory`` renders the table in docs/m
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch._ops import OpOverload
 
 from .registry import RULES, MemoryRule, RuleContext, nbytes, rule, scratch_rule
