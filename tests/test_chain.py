@@ -270,3 +270,29 @@ def test_an_output_saved_stages_later_is_gone_before_its_own_backward():
         for level in problem.levels.values():
             over = problem.resident + evaluate(level.exact, ()).peak - problem.unconstrained
             assert abs(over) <= 4096, (len(between), level.name, over)
+
+
+class _ClassTokenHead(torch.nn.Module):
+    """A classifier reading one token of a sequence (vit's ``x[:, 0]``): a view of 1/256 of a storage."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.norm, self.head = torch.nn.Linear(64, 512), torch.nn.LayerNorm(512), torch.nn.Linear(512, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(torch.relu(self.body(x)))[:, 0])
+
+
+def test_a_view_crossing_a_cut_gets_a_gradient_of_its_own_size():
+    """A value's gradient has the value's shape: the head's input ``x[:, 0]`` gets a (16, 512)
+    gradient, not one the size of the (16, 256, 512) storage it views.  The stage model charged the
+    storage (8.4 MB over the fake step with no region; 8 MiB storage, 32 KB view); now within the
+    head's own parameter gradient (20 KB)."""
+    from remat.planner import prepare
+    from remat.solvers.model import evaluate
+
+    torch.manual_seed(0)
+    problem = prepare(_ClassTokenHead(), (torch.randn(16, 256, 64),), calibrate=False)
+    for level in problem.levels.values():
+        over = problem.resident + evaluate(level.exact, ()).peak - problem.unconstrained
+        assert 0 <= over <= 512 * 10 * 4 + 4096, (level.name, over)

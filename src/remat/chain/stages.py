@@ -179,6 +179,16 @@ def _uids(nodes: list[fx.Node], crossing: Iterable[int]) -> frozenset[int]:
     return frozenset(u for j in crossing for u in profile_of(nodes[j]).value_uids)
 
 
+def _grads(nodes: list[fx.Node], crossing: Iterable[int]) -> dict[int, int]:
+    """Storage uid -> bytes of the gradients the values crossing a cut get on it (each value its
+    own: a view's gradient is the view's size, not its storage's)."""
+    found: dict[int, int] = {}
+    for j in crossing:
+        for u, b in profile_of(nodes[j]).grad_bytes.items():
+            found[u] = found.get(u, 0) + b
+    return found
+
+
 @dataclass(frozen=True)
 class _Graph:
     """What every stage's costs read of the whole graph (built once per linearize)."""
@@ -186,7 +196,6 @@ class _Graph:
     nodes: list[fx.Node]
     nbytes: dict[int, int]  # storage uid -> bytes
     last_saved: dict[int, int]  # storage uid -> the last node index saving it
-    grads: frozenset[int]  # storages that require grad
     kept_uids: frozenset[int]  # outputs of matmul/conv/attention ops
     pinned: frozenset[int]  # storages counted for the whole step (pinned.shared_unsaved)
     resident: frozenset[int]  # the inputs' storages
@@ -196,9 +205,10 @@ class _Graph:
     rng_state: int  # bytes of the RNG state a region stashes when it draws random numbers
 
 
-def _costs(graph: _Graph, first: int, last: int, entry: frozenset[int], exit_cut: tuple[int, ...]) -> dict[str, object]:
-    """Costs of nodes[first..last]: ``entry`` holds the storage uids flowing in, ``exit_cut`` the
-    node indices of the values flowing out."""
+def _costs(graph: _Graph, first: int, last: int, entry: frozenset[int], entry_grads: dict[int, int],
+           exit_cut: tuple[int, ...]) -> dict[str, object]:
+    """Costs of nodes[first..last]: ``entry`` holds the storage uids flowing in (``entry_grads``:
+    the bytes of their gradients), ``exit_cut`` the node indices of the values flowing out."""
     nodes, nbytes, last_saved = graph.nodes, graph.nbytes, graph.last_saved
     pinned, stage_of = graph.pinned, graph.stage_of
     profs = [profile_of(n) for n in nodes[first:last + 1]]
@@ -243,8 +253,8 @@ def _costs(graph: _Graph, first: int, last: int, entry: frozenset[int], exit_cut
     # and those the backward makes: of the values it reads (one only flowing past keeps the gradient
     # a later stage gave it)
     read = {u for p in profs for u in p.in_uids}
-    grad_in = sum(nbytes[u] for u in entry if u >= 0 and u in graph.grads)
-    grad_new = sum(nbytes[u] for u in entry if u >= 0 and u in graph.grads and u in read)
+    grad_in = sum(b for u, b in entry_grads.items() if u >= 0)
+    grad_new = sum(b for u, b in entry_grads.items() if u >= 0 and u in read)
     y = sum(nbytes[u] for u in output)
     # by the stage that made each storage (an alias made later, a no-op ``to``, does not: counting
     # it made there, a Llama region starting at the alias held the residual its producer keeps)
@@ -306,11 +316,9 @@ def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, split_bl
     torch's checkpoint stashes for a region that draws random numbers (a CPU step's generator)."""
     nodes = list(gm.graph.nodes)
     nbytes: dict[int, int] = {}
-    grads: set[int] = set()
     keeps: set[int] = set()
     for n in nodes:
         nbytes.update(profile_of(n).uid_bytes)
-        grads.update(profile_of(n).grad_uids)
         keeps.update(profile_of(n).keep_uids)
     found = cuts(gm, shared_inputs, split_blocks=split_blocks)
     compute = [i for i, n in enumerate(nodes) if n.op not in ("placeholder", "get_attr", "output")]
@@ -336,17 +344,18 @@ def linearize(gm: fx.GraphModule, shared_inputs: Iterable[str] = (), *, split_bl
             readers.setdefault(u, []).append(j)
         for u in prof.out_uids:
             maker.setdefault(u, j)
-    entry = frozenset(u for n in nodes if n.op == "placeholder" for u in profile_of(n).value_uids)
+    inputs = [j for j, n in enumerate(nodes) if n.op == "placeholder"]
+    entry, entry_grads = _uids(nodes, inputs), _grads(nodes, inputs)
     stage_of = {j: i for i, (first, last, _) in enumerate(bounds) for j in range(first, last + 1)}
     pinned = shared_unsaved(nodes, last_saved)
-    graph = _Graph(nodes, nbytes, last_saved, frozenset(grads), frozenset(keeps), pinned, entry, readers,
+    graph = _Graph(nodes, nbytes, last_saved, frozenset(keeps), pinned, entry, readers,
                    stage_of, maker, rng_state)
     stages: list[Stage] = []
     rows: list[dict[str, object]] = []
     for i, (first, last, crossing) in enumerate(bounds):
         stages.append(Stage(i, first, last, tuple(n.name for n in nodes[first:last + 1])))
-        rows.append(_costs(graph, first, last, entry, crossing))
-        entry = _uids(nodes, crossing)
+        rows.append(_costs(graph, first, last, entry, entry_grads, crossing))
+        entry, entry_grads = _uids(nodes, crossing), _grads(nodes, crossing)
     for row, later in zip(rows, pinned_readers(nodes, stage_of, pinned, len(rows))):
         row["pinned_readers"] = later
     end = rows[-1]
