@@ -180,12 +180,11 @@ def _uids(nodes: list[fx.Node], crossing: Iterable[int]) -> frozenset[int]:
 
 
 def _grads(nodes: list[fx.Node], crossing: Iterable[int]) -> dict[int, int]:
-    """Storage uid -> bytes of the gradients the values crossing a cut get on it (each value its
+    """Storage uid -> bytes of the gradients the tensors crossing a cut get on it (each tensor its
     own: a view's gradient is the view's size, not its storage's)."""
     found: dict[int, int] = {}
-    for j in crossing:
-        for u, b in profile_of(nodes[j]).grad_bytes.items():
-            found[u] = found.get(u, 0) + b
+    for u, *_, b in {key for j in crossing for key in profile_of(nodes[j]).grad_tensors}:
+        found[u] = found.get(u, 0) + b
     return found
 
 

@@ -97,9 +97,10 @@ class NodeProfile:
     saved_uids: frozenset[int] = field(default=frozenset(), repr=False)
     # storages of its outputs that require grad: only these get a gradient in the backward
     grad_uids: frozenset[int] = field(default=frozenset(), repr=False)
-    # ... and the bytes of the gradients they get: a tensor's gradient has its shape, so a view
-    # (vit's class token ``x[:, 0]``: 24 KB of a 4.6 MiB storage) gets one of its own size
-    grad_bytes: dict[int, int] = field(default_factory=dict, repr=False)
+    # ... and the tensors on them, as (uid, offset, shape, stride, bytes): each gets a gradient of
+    # its own shape, so a view (vit's class token ``x[:, 0]``: 24 KB of a 4.6 MiB storage) gets
+    # one of its size; a tuple's node and its getitem hold the same tensor, counted once
+    grad_tensors: frozenset[tuple] = field(default=frozenset(), repr=False)
     # new output storages of its matmul/conv/attention ops (``keep_bytes``): what SAVE_COMPUTE keeps
     keep_uids: frozenset[int] = field(default=frozenset(), repr=False)
     uid_bytes: dict[int, int] = field(default_factory=dict, repr=False)
@@ -256,12 +257,11 @@ class NodeProfiler(fx.Interpreter):
         value_uids = {u for u in (self.tracker.uid(t) for t in outs) if u is not None}
         prof.in_uids, prof.out_uids, prof.saved_uids = frozenset(in_uids), frozenset(out_uids), frozenset(saved)
         prof.value_uids = frozenset(value_uids)
-        grad_bytes: dict[int, int] = {}
-        for t in outs:
-            u = self.tracker.uid(t) if t.requires_grad else None
-            if u is not None:
-                grad_bytes[u] = grad_bytes.get(u, 0) + t.numel() * t.element_size()
-        prof.grad_uids, prof.grad_bytes = frozenset(grad_bytes), grad_bytes
+        grad_tensors = {(u, int(t.storage_offset()), tuple(map(int, t.shape)), tuple(map(int, t.stride())),
+                         t.numel() * t.element_size())
+                        for t, u in ((t, self.tracker.uid(t)) for t in outs if t.requires_grad) if u is not None}
+        prof.grad_uids = frozenset(key[0] for key in grad_tensors)
+        prof.grad_tensors = frozenset(grad_tensors)
         prof.uid_bytes = {u: self.tracker.nbytes[u] for u in in_uids | value_uids | saved}
         for u in saved:
             self.saved[u] = self.tracker.nbytes[u]
