@@ -193,7 +193,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 def _configure(args: argparse.Namespace) -> None:
     """Progress on a terminal unless -q; -v: remat's DEBUG log on stderr (remat's logger only);
-    remat's warnings one line each."""
+    remat's warnings one line each (``main`` puts Python's display back when it returns)."""
     warnings.showwarning = _show_warning
     if args.verbose:
         handler = logging.StreamHandler(sys.stderr)
@@ -216,10 +216,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())  # factory specs in the current directory (`remat` the script lacks it)
-    _configure(args)
     from ..errors import RematError
 
+    shown = warnings.showwarning
     try:
+        _configure(args)
         return args.run(args)
     except RematError as e:
         print(f"remat: {type(e).__name__}: {e}", file=sys.stderr)
@@ -229,4 +230,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     finally:
         progress.disable()
+        warnings.showwarning = shown
 

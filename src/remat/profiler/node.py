@@ -95,11 +95,10 @@ class NodeProfile:
     out_uids: frozenset[int] = field(default=frozenset(), repr=False)  # new storages of the outputs
     value_uids: frozenset[int] = field(default=frozenset(), repr=False)  # every storage of the value
     saved_uids: frozenset[int] = field(default=frozenset(), repr=False)
-    # storages of its outputs that require grad: only these get a gradient in the backward
-    grad_uids: frozenset[int] = field(default=frozenset(), repr=False)
-    # ... and the tensors on them, as (uid, offset, shape, stride, bytes): each gets a gradient of
-    # its own shape, so a view (vit's class token ``x[:, 0]``: 24 KB of a 4.6 MiB storage) gets
-    # one of its size; a tuple's node and its getitem hold the same tensor, counted once
+    # its output tensors that require grad (only these get a gradient in the backward), as (storage
+    # uid, offset, shape, stride, bytes): each gets a gradient of its own shape, so a view (vit's
+    # class token ``x[:, 0]``: 24 KB of a 4.6 MiB storage) gets one of its size; a tuple's node and
+    # its getitem hold the same tensor, counted once
     grad_tensors: frozenset[tuple] = field(default=frozenset(), repr=False)
     # new output storages of its matmul/conv/attention ops (``keep_bytes``): what SAVE_COMPUTE keeps
     keep_uids: frozenset[int] = field(default=frozenset(), repr=False)
@@ -257,11 +256,10 @@ class NodeProfiler(fx.Interpreter):
         value_uids = {u for u in (self.tracker.uid(t) for t in outs) if u is not None}
         prof.in_uids, prof.out_uids, prof.saved_uids = frozenset(in_uids), frozenset(out_uids), frozenset(saved)
         prof.value_uids = frozenset(value_uids)
-        grad_tensors = {(u, int(t.storage_offset()), tuple(map(int, t.shape)), tuple(map(int, t.stride())),
-                         t.numel() * t.element_size())
-                        for t, u in ((t, self.tracker.uid(t)) for t in outs if t.requires_grad) if u is not None}
-        prof.grad_uids = frozenset(key[0] for key in grad_tensors)
-        prof.grad_tensors = frozenset(grad_tensors)
+        prof.grad_tensors = frozenset(
+            (u, int(t.storage_offset()), tuple(map(int, t.shape)), tuple(map(int, t.stride())),
+             t.numel() * t.element_size())
+            for t, u in ((t, self.tracker.uid(t)) for t in outs if t.requires_grad) if u is not None)
         prof.uid_bytes = {u: self.tracker.nbytes[u] for u in in_uids | value_uids | saved}
         for u in saved:
             self.saved[u] = self.tracker.nbytes[u]
